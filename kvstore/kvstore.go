@@ -1,0 +1,120 @@
+// Package kvstore holds kvgate's shared state: the KV block index (which endpoint holds which prompt
+// blocks, on which tier), block keys, and capacity reservations (leases), on two backends behind the same
+// interfaces: in memory (one gateway) and Redis (many gateways). Engine KV events are decoded and ingested
+// by kvstore/kvevents.
+package kvstore
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// BlockKey is kvgate's own 64-bit chained key of one full block of prompt tokens (see Hasher). It is not the
+// engine's block hash; ingestion maps engine hashes to block keys per endpoint.
+type BlockKey uint64
+
+// EndpointID names one engine replica (one vLLM/SGLang server or data-parallel rank), unique across models.
+type EndpointID string
+
+// Tier says where an endpoint holds a block.
+type Tier uint8
+
+const (
+	// TierGPU is device memory (vLLM medium "GPU").
+	TierGPU Tier = 1
+	// TierCPU is offloaded host memory (vLLM medium "CPU", SGLang "CPU_PINNED").
+	TierCPU Tier = 2
+)
+
+// String returns "GPU" or "CPU" (the medium names on the wire), or "unknown".
+func (t Tier) String() string {
+	switch t {
+	case TierGPU:
+		return "GPU"
+	case TierCPU:
+		return "CPU"
+	}
+	return "unknown"
+}
+
+// ExtraKeys are folded into block keys as vLLM folds extra keys into its block hashes: the LoRA adapter name
+// into every block, the cache salt into the first block only. Empty strings fold in nothing.
+type ExtraKeys struct {
+	LoRA      string
+	CacheSalt string
+}
+
+// EndpointMatch is one endpoint's prefix match for a prompt: the longest run of consecutive blocks from block
+// 0 that it holds, split into blocks held on GPU and blocks held only on CPU. GPUBlocks+CPUBlocks is the run
+// length in blocks.
+type EndpointMatch struct {
+	Endpoint  EndpointID
+	GPUBlocks int
+	CPUBlocks int
+}
+
+// Index is the KV block index of one store. Implementations are safe for concurrent use.
+type Index interface {
+	// Match returns, for every endpoint holding at least block 0 of keys under model, its prefix match
+	// (confirmed and speculative entries both count, speculative as GPU). Endpoints with no match are
+	// omitted. The order of the result is unspecified. One round trip at most on remote backends.
+	Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error)
+	// Record writes speculative entries: ep is assumed to hold keys on GPU for ttl (the gateway records what
+	// it just routed so a burst of siblings sticks together before the engine's events arrive).
+	Record(ctx context.Context, model string, ep EndpointID, keys []BlockKey, ttl time.Duration) error
+	// Add marks keys as held by ep on tier (an engine's BlockStored).
+	Add(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error
+	// Remove drops ep's hold of keys on tier (an engine's BlockRemoved). Unknown keys are ignored.
+	Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error
+	// ClearEndpoint drops every entry of ep under model, at a cost proportional to ep's own entries
+	// (AllBlocksCleared, engine restart, lost events).
+	ClearEndpoint(ctx context.Context, model string, ep EndpointID) error
+}
+
+// Limits cap one endpoint's in-flight work; they come from config and travel with each Reserve call.
+// Zero means unlimited.
+type Limits struct {
+	MaxRequests int64
+	MaxTokens   int64
+}
+
+// Cost is what one request claims of an endpoint's capacity: requests (usually 1) and tokens (prompt plus
+// expected output tokens).
+type Cost struct {
+	Requests int64
+	Tokens   int64
+}
+
+// Candidate is one endpoint offered to Reserve, in ranked order, with its limits.
+type Candidate struct {
+	Endpoint EndpointID
+	Limits   Limits
+}
+
+// Lease is a counted claim on one endpoint's capacity, held until Release or until it expires on the store's
+// clock.
+type Lease struct {
+	ID       string
+	Endpoint EndpointID
+	Cost     Cost
+	// Expires is when the lease stops counting unless renewed (store clock, as last seen).
+	Expires time.Time
+}
+
+// ErrNoCapacity is returned by Reserve when every candidate is at one of its limits.
+var ErrNoCapacity = errors.New("kvstore: no candidate endpoint has capacity")
+
+// Reservations leases endpoint capacity atomically. Implementations are safe for concurrent use, and on
+// Redis every call is one Lua script (one round trip).
+type Reservations interface {
+	// Reserve leases cost on the first candidate, in order, that stays within its limits with it; it returns
+	// ErrNoCapacity when none does. Choice and claim are one atomic step.
+	Reserve(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration) (Lease, error)
+	// Renew extends a live lease by ttl from now; it fails if the lease has expired or was released.
+	Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, error)
+	// Release ends a lease; releasing twice or after expiry is not an error.
+	Release(ctx context.Context, l Lease) error
+	// InFlight returns the live leased cost per endpoint (endpoints with nothing in flight may be omitted).
+	InFlight(ctx context.Context, eps []EndpointID) (map[EndpointID]Cost, error)
+}
