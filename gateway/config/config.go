@@ -1,0 +1,476 @@
+// Package config is kvgate's one YAML configuration file: its schema, strict decoding (an unknown or
+// misspelt key is an error naming the key and its line), defaults, and validation (errors name the key path,
+// e.g. "models[0].endpoints[1].engine"). Secrets never appear in the file: it names environment variables
+// (admin_token_env, client_api_keys_env, store.password_env) and Secrets reads them.
+//
+// Stages: Parse (decode strictly) → defaults → Validate. A Config is immutable once returned.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Engine kinds an endpoint may declare. They decide how token IDs travel to the engine (see gateway/upstream).
+const (
+	// EngineSim is kvgate's simulator (cmd/enginesim): token IDs go out of band on chat
+	// (prompt_token_ids) and completions (token-ID prompt).
+	EngineSim = "enginesim"
+	// EngineVLLM is vLLM: token-ID prompt on completions; chat forwarded with its original body.
+	EngineVLLM = "vllm"
+	// EngineSGLang is SGLang: the original body on both APIs.
+	EngineSGLang = "sglang"
+)
+
+// Store kinds.
+const (
+	// StoreMemory is the embedded in-memory store (one gateway).
+	StoreMemory = "memory"
+	// StoreRedis is Redis standalone or Redis Cluster (many gateways share it).
+	StoreRedis = "redis"
+)
+
+// Defaults applied by Parse for keys left out.
+const (
+	DefaultListen              = ":8080"
+	DefaultAdminTokenEnv       = "KVGATE_ADMIN_TOKEN"
+	DefaultMaxBodyBytes        = 64 << 20 // 64 MiB: long-context bodies of several MB must pass
+	DefaultMaxPolicyBytes      = 16 << 20 // 16 MiB of Wasm
+	DefaultBlockSize           = 16
+	DefaultQueueTimeout        = 5 * time.Second
+	DefaultScrapeInterval      = 250 * time.Millisecond
+	DefaultSpeculativeTTL      = 2 * time.Second
+	DefaultLeaseTTL            = 30 * time.Second
+	DefaultClientIdleTimeout   = 120 * time.Second
+	DefaultUpstreamIdleTimeout = 10 * time.Minute
+	DefaultOutputTokens        = 256
+	DefaultPolicyName          = "three-tier"
+)
+
+// Config is the whole file. Durations are YAML strings such as "5s" or "250ms".
+type Config struct {
+	// Listen is the client and admin HTTP address, host:port (default ":8080").
+	Listen string `yaml:"listen"`
+	// AdminTokenEnv names the environment variable holding the admin bearer token
+	// (default KVGATE_ADMIN_TOKEN). An empty variable disables the admin API (every /admin/ request gets 401).
+	AdminTokenEnv string `yaml:"admin_token_env"`
+	// ClientAPIKeysEnv optionally names an environment variable holding comma-separated client API keys.
+	// When set and non-empty, /v1/ routes require "Authorization: Bearer <key>"; otherwise they are open.
+	ClientAPIKeysEnv string `yaml:"client_api_keys_env"`
+	// Store selects the shared-state backend.
+	Store Store `yaml:"store"`
+	// BlockKeySeed seeds kvgate's block keys (kvstore.Hasher); every gateway on one store must agree.
+	BlockKeySeed uint64 `yaml:"block_key_seed"`
+	// StoreDownLimitShare is the share in (0,1] of every endpoint limit this gateway may lease locally while
+	// the store is unreachable (e.g. 0.34 for three gateways). Default 1.
+	StoreDownLimitShare float64 `yaml:"store_down_limit_share"`
+	// MaxBodyBytes caps a client request body (default 64 MiB); larger bodies get 413.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxPolicyBytes caps an uploaded Wasm policy (default 16 MiB).
+	MaxPolicyBytes int64 `yaml:"max_policy_bytes"`
+	// ClientIdleTimeout closes idle client keep-alive connections (default 120s).
+	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
+	// UpstreamIdleTimeout fails an upstream response that sends no byte for this long (default 10m). There is
+	// no total timeout: a stream may run as long as it keeps sending.
+	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
+	// ScrapeInterval is how often each endpoint's /metrics and /health are read (default 250ms).
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// SpeculativeTTL is how long a routed prefix counts as held by its endpoint before the engine's events
+	// confirm it (default 2s).
+	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	// LeaseTTL is a reservation's lifetime; long responses renew it every LeaseTTL/3 (default 30s).
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// DefaultOutputTokens is the output-token estimate added to a request's reserved tokens when it sets no
+	// max_tokens / max_completion_tokens (default 256).
+	DefaultOutputTokens int64 `yaml:"default_output_tokens"`
+	// LogLevel is debug, info (default), warn or error.
+	LogLevel string `yaml:"log_level"`
+	// Models are the served models (at least one).
+	Models []Model `yaml:"models"`
+	// Simulate, when set, starts simulated engines in-process (make run, demos).
+	Simulate *Simulate `yaml:"simulate"`
+}
+
+// Store selects and addresses the shared-state backend.
+type Store struct {
+	// Kind is "memory" (default) or "redis".
+	Kind string `yaml:"kind"`
+	// Addrs are Redis host:port addresses (redis only; one for standalone, seeds for a cluster).
+	Addrs []string `yaml:"addrs"`
+	// Cluster selects the Redis Cluster client.
+	Cluster bool `yaml:"cluster"`
+	// DB is the Redis database number (standalone only).
+	DB int `yaml:"db"`
+	// PasswordEnv names the environment variable holding the Redis password, if any.
+	PasswordEnv string `yaml:"password_env"`
+}
+
+// Model is one served model.
+type Model struct {
+	// Name is the model name clients send in "model".
+	Name string `yaml:"name"`
+	// Tokenizer is an HF model directory (tokenizer.json[.gz], tokenizer_config.json), relative to the
+	// working directory.
+	Tokenizer string `yaml:"tokenizer"`
+	// BlockSize is the engines' KV block size in tokens (default 16).
+	BlockSize int `yaml:"block_size"`
+	// LoRAAdapters are adapter names clients may send as "model"; the request is routed for this model
+	// with the adapter folded into its block keys.
+	LoRAAdapters []string `yaml:"lora_adapters"`
+	// Policy is the routing policy and its JSON config (default three-tier with its defaults).
+	Policy Policy `yaml:"policy"`
+	// QueueTimeout is how long a request waits for capacity before 429 (default 5s).
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Endpoints serve this model (may be empty when simulate is set: the simulated engines are used).
+	Endpoints []Endpoint `yaml:"endpoints"`
+}
+
+// Policy names a policy and its config.
+type Policy struct {
+	// Name is the policy name: "three-tier" (built in) or an uploaded policy's name; "name@sha256" pins
+	// a version.
+	Name string `yaml:"name"`
+	// Config is passed to the policy's init as JSON.
+	Config map[string]any `yaml:"config"`
+}
+
+// ConfigJSON returns the policy config as JSON ("{}" when empty).
+func (p Policy) ConfigJSON() []byte {
+	if len(p.Config) == 0 {
+		return []byte("{}")
+	}
+	b, err := json.Marshal(p.Config)
+	if err != nil { // validated by Parse; unreachable for decoded YAML
+		return []byte("{}")
+	}
+	return b
+}
+
+// Endpoint is one engine replica.
+type Endpoint struct {
+	// ID names the endpoint, unique across the file.
+	ID string `yaml:"id"`
+	// Engine is enginesim, vllm or sglang.
+	Engine string `yaml:"engine"`
+	// URL is the engine's HTTP base URL, e.g. http://10.0.0.5:8000.
+	URL string `yaml:"url"`
+	// KVEvents is the engine's ZMQ PUB address (tcp://host:port); empty: no events, load-only for it.
+	KVEvents string `yaml:"kv_events"`
+	// KVReplay is the engine's ZMQ ROUTER replay address, optional.
+	KVReplay string `yaml:"kv_replay"`
+	// MaxInflightRequests caps requests leased on this endpoint by all gateways (0: unlimited).
+	MaxInflightRequests int64 `yaml:"max_inflight_requests"`
+	// MaxInflightTokens caps prompt+output tokens leased on it (0: unlimited).
+	MaxInflightTokens int64 `yaml:"max_inflight_tokens"`
+}
+
+// Simulate starts simulated engines in-process; their endpoints are added to every model that lists none.
+type Simulate struct {
+	// Engines is how many simulated engines to start (1..64).
+	Engines int `yaml:"engines"`
+	// MaxInflightRequests per simulated endpoint (default 64).
+	MaxInflightRequests int64 `yaml:"max_inflight_requests"`
+	// MaxInflightTokens per simulated endpoint (default 262144).
+	MaxInflightTokens int64 `yaml:"max_inflight_tokens"`
+}
+
+// Error is a configuration error; Key is the offending key path ("models[0].block_size") or, for decoding
+// errors, the key name as written.
+type Error struct {
+	Key  string
+	Line int // 0 when unknown
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("config: line %d: %s: %s", e.Line, e.Key, e.Msg)
+	}
+	return fmt.Sprintf("config: %s: %s", e.Key, e.Msg)
+}
+
+// ErrEmpty is returned for an empty file.
+var ErrEmpty = errors.New("config: empty file")
+
+// Load reads and parses the file at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(b)
+}
+
+var unknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type (\S+)$`)
+
+// Parse decodes data strictly, applies defaults and validates. Every error is an *Error (or ErrEmpty) naming
+// the key; several unknown keys are joined with errors.Join.
+func Parse(data []byte) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, ErrEmpty
+		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			var errs []error
+			for _, m := range te.Errors {
+				if g := unknownField.FindStringSubmatch(m); g != nil {
+					var line int
+					fmt.Sscan(g[1], &line)
+					errs = append(errs, &Error{Key: g[2], Line: line, Msg: "unknown key (in " + strings.TrimPrefix(g[3], "config.") + ")"})
+				} else {
+					errs = append(errs, &Error{Key: "?", Msg: m})
+				}
+			}
+			return nil, errors.Join(errs...)
+		}
+		return nil, &Error{Key: "?", Msg: err.Error()}
+	}
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.AdminTokenEnv == "" {
+		c.AdminTokenEnv = DefaultAdminTokenEnv
+	}
+	if c.Store.Kind == "" {
+		c.Store.Kind = StoreMemory
+	}
+	if c.StoreDownLimitShare == 0 {
+		c.StoreDownLimitShare = 1
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxPolicyBytes == 0 {
+		c.MaxPolicyBytes = DefaultMaxPolicyBytes
+	}
+	if c.ClientIdleTimeout == 0 {
+		c.ClientIdleTimeout = DefaultClientIdleTimeout
+	}
+	if c.UpstreamIdleTimeout == 0 {
+		c.UpstreamIdleTimeout = DefaultUpstreamIdleTimeout
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = DefaultScrapeInterval
+	}
+	if c.SpeculativeTTL == 0 {
+		c.SpeculativeTTL = DefaultSpeculativeTTL
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.DefaultOutputTokens == 0 {
+		c.DefaultOutputTokens = DefaultOutputTokens
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.Simulate != nil {
+		if c.Simulate.MaxInflightRequests == 0 {
+			c.Simulate.MaxInflightRequests = 64
+		}
+		if c.Simulate.MaxInflightTokens == 0 {
+			c.Simulate.MaxInflightTokens = 262144
+		}
+	}
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.BlockSize == 0 {
+			m.BlockSize = DefaultBlockSize
+		}
+		if m.QueueTimeout == 0 {
+			m.QueueTimeout = DefaultQueueTimeout
+		}
+		if m.Policy.Name == "" {
+			m.Policy.Name = DefaultPolicyName
+		}
+	}
+}
+
+// Validate checks every value; it is called by Parse and again after a program edits a Config.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, a ...any) { errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, a...)}) }
+	if c.Listen == "" || !strings.Contains(c.Listen, ":") {
+		bad("listen", "want host:port, got %q", c.Listen)
+	}
+	switch c.Store.Kind {
+	case StoreMemory:
+		if len(c.Store.Addrs) > 0 {
+			bad("store.addrs", "only for kind redis")
+		}
+	case StoreRedis:
+		if len(c.Store.Addrs) == 0 {
+			bad("store.addrs", "redis needs at least one host:port")
+		}
+		if c.Store.Cluster && c.Store.DB != 0 {
+			bad("store.db", "Redis Cluster has only database 0")
+		}
+	default:
+		bad("store.kind", "want memory or redis, got %q", c.Store.Kind)
+	}
+	if c.StoreDownLimitShare <= 0 || c.StoreDownLimitShare > 1 {
+		bad("store_down_limit_share", "want a share in (0,1], got %v", c.StoreDownLimitShare)
+	}
+	if c.MaxBodyBytes < 1024 {
+		bad("max_body_bytes", "want at least 1024, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxPolicyBytes < 1024 {
+		bad("max_policy_bytes", "want at least 1024, got %d", c.MaxPolicyBytes)
+	}
+	for key, d := range map[string]time.Duration{"client_idle_timeout": c.ClientIdleTimeout,
+		"upstream_idle_timeout": c.UpstreamIdleTimeout, "scrape_interval": c.ScrapeInterval,
+		"speculative_ttl": c.SpeculativeTTL, "lease_ttl": c.LeaseTTL} {
+		if d < 0 {
+			bad(key, "must be positive, got %v", d)
+		}
+	}
+	if c.LeaseTTL > 0 && c.LeaseTTL < time.Second {
+		bad("lease_ttl", "want at least 1s, got %v", c.LeaseTTL)
+	}
+	if c.DefaultOutputTokens < 0 {
+		bad("default_output_tokens", "must not be negative")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "want debug, info, warn or error, got %q", c.LogLevel)
+	}
+	if c.Simulate != nil && (c.Simulate.Engines < 1 || c.Simulate.Engines > 64) {
+		bad("simulate.engines", "want 1..64, got %d", c.Simulate.Engines)
+	}
+	if len(c.Models) == 0 {
+		bad("models", "at least one model is required")
+	}
+	names := map[string]string{}
+	ids := map[string]string{}
+	for i, m := range c.Models {
+		p := fmt.Sprintf("models[%d]", i)
+		if m.Name == "" {
+			bad(p+".name", "required")
+		} else if prev, dup := names[m.Name]; dup {
+			bad(p+".name", "%q already used by %s", m.Name, prev)
+		} else {
+			names[m.Name] = p + ".name"
+		}
+		for j, l := range m.LoRAAdapters {
+			k := fmt.Sprintf("%s.lora_adapters[%d]", p, j)
+			if l == "" {
+				bad(k, "empty adapter name")
+			} else if prev, dup := names[l]; dup {
+				bad(k, "%q already used by %s", l, prev)
+			} else {
+				names[l] = k
+			}
+		}
+		if m.Tokenizer == "" {
+			bad(p+".tokenizer", "required (an HF model directory)")
+		}
+		if m.BlockSize < 1 || m.BlockSize > 1024 {
+			bad(p+".block_size", "want 1..1024, got %d", m.BlockSize)
+		}
+		if m.QueueTimeout < 0 {
+			bad(p+".queue_timeout", "must not be negative")
+		}
+		if _, err := json.Marshal(m.Policy.Config); err != nil {
+			bad(p+".policy.config", "not representable as JSON: %v", err)
+		}
+		if len(m.Endpoints) == 0 && c.Simulate == nil {
+			bad(p+".endpoints", "at least one endpoint is required (or set simulate)")
+		}
+		for j, e := range m.Endpoints {
+			q := fmt.Sprintf("%s.endpoints[%d]", p, j)
+			if e.ID == "" {
+				bad(q+".id", "required")
+			} else if prev, dup := ids[e.ID]; dup {
+				bad(q+".id", "%q already used by %s", e.ID, prev)
+			} else {
+				ids[e.ID] = q + ".id"
+			}
+			switch e.Engine {
+			case EngineSim, EngineVLLM, EngineSGLang:
+			default:
+				bad(q+".engine", "want enginesim, vllm or sglang, got %q", e.Engine)
+			}
+			if u, err := url.Parse(e.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad(q+".url", "want an http(s)://host:port URL, got %q", e.URL)
+			}
+			if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
+				bad(q+".kv_events", "want tcp://host:port, got %q", e.KVEvents)
+			}
+			if e.KVReplay != "" && e.KVEvents == "" {
+				bad(q+".kv_replay", "needs kv_events")
+			}
+			if e.MaxInflightRequests < 0 {
+				bad(q+".max_inflight_requests", "must not be negative")
+			}
+			if e.MaxInflightTokens < 0 {
+				bad(q+".max_inflight_tokens", "must not be negative")
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Secrets are the values read from the environment variables the file names.
+type Secrets struct {
+	// AdminToken is the admin bearer token; empty disables the admin API.
+	AdminToken string
+	// ClientAPIKeys are accepted client bearer keys; empty leaves /v1/ open.
+	ClientAPIKeys []string
+	// StorePassword is the Redis password, if any.
+	StorePassword string
+}
+
+// Secrets reads the environment variables named by c using getenv (os.Getenv in production).
+func (c *Config) Secrets(getenv func(string) string) Secrets {
+	s := Secrets{AdminToken: strings.TrimSpace(getenv(c.AdminTokenEnv))}
+	if c.ClientAPIKeysEnv != "" {
+		for k := range strings.SplitSeq(getenv(c.ClientAPIKeysEnv), ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				s.ClientAPIKeys = append(s.ClientAPIKeys, k)
+			}
+		}
+	}
+	if c.Store.PasswordEnv != "" {
+		s.StorePassword = getenv(c.Store.PasswordEnv)
+	}
+	return s
+}
+
+// ModelByName returns the model serving name (a model name or one of its LoRA adapters) and the adapter
+// name ("" for the base model).
+func (c *Config) ModelByName(name string) (m *Model, lora string, ok bool) {
+	for i := range c.Models {
+		if c.Models[i].Name == name {
+			return &c.Models[i], "", true
+		}
+		for _, l := range c.Models[i].LoRAAdapters {
+			if l == name {
+				return &c.Models[i], l, true
+			}
+		}
+	}
+	return nil, "", false
+}

@@ -1,0 +1,122 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `
+models:
+  - name: qwen3
+    tokenizer: examples/models/qwen3
+    endpoints:
+      - {id: e0, engine: vllm, url: "http://127.0.0.1:8001", max_inflight_requests: 4}
+`
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != ":8080" || c.Store.Kind != "memory" || c.StoreDownLimitShare != 1 || c.MaxBodyBytes != 64<<20 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	m := c.Models[0]
+	if m.BlockSize != 16 || m.QueueTimeout != 5*time.Second || m.Policy.Name != "three-tier" {
+		t.Fatalf("model defaults: %+v", m)
+	}
+	if got := string(m.Policy.ConfigJSON()); got != "{}" {
+		t.Fatalf("empty policy config JSON = %s", got)
+	}
+}
+
+func TestUnknownKeyNamed(t *testing.T) {
+	_, err := Parse([]byte(minimal + "    queue_timeot: 3s\n"))
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Key != "queue_timeot" || ce.Line != 7 {
+		t.Fatalf("err = %v", err)
+	}
+	_, err = Parse([]byte("lisen: \":1\"\n" + minimal))
+	if err == nil || !strings.Contains(err.Error(), "lisen") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestValidationNamesKeyPath(t *testing.T) {
+	cases := []struct {
+		name, yaml, key string
+	}{
+		{"engine", strings.Replace(minimal, "engine: vllm", "engine: tgi", 1), "models[0].endpoints[0].engine"},
+		{"url", strings.Replace(minimal, "http://127.0.0.1:8001", "127.0.0.1:8001", 1), "models[0].endpoints[0].url"},
+		{"share", "store_down_limit_share: 1.5\n" + minimal, "store_down_limit_share"},
+		{"redis addrs", "store: {kind: redis}\n" + minimal, "store.addrs"},
+		{"store kind", "store: {kind: etcd}\n" + minimal, "store.kind"},
+		{"no endpoints", "models: [{name: a, tokenizer: x}]\n", "models[0].endpoints"},
+		{"dup id", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4}\n      - {id: e0, engine: vllm, url: \"http://h:1\"}", 1), "models[0].endpoints[1].id"},
+		{"block size", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    block_size: -3", 1), "models[0].block_size"},
+		{"lease", "lease_ttl: 10ms\n" + minimal, "lease_ttl"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.key+":") {
+				t.Fatalf("want error naming %s, got %v", tc.key, err)
+			}
+		})
+	}
+	if _, err := Parse(nil); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("empty: %v", err)
+	}
+}
+
+func TestSecretsAndLookup(t *testing.T) {
+	c, err := Parse([]byte("client_api_keys_env: KEYS\n" + strings.Replace(minimal, "block", "block", 1) +
+		"    lora_adapters: [sql-lora]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"KVGATE_ADMIN_TOKEN": " tok\n", "KEYS": "a, b,,"}
+	s := c.Secrets(func(k string) string { return env[k] })
+	if s.AdminToken != "tok" || len(s.ClientAPIKeys) != 2 || s.ClientAPIKeys[1] != "b" {
+		t.Fatalf("secrets %+v", s)
+	}
+	m, lora, ok := c.ModelByName("sql-lora")
+	if !ok || m.Name != "qwen3" || lora != "sql-lora" {
+		t.Fatalf("lookup %v %q %v", m, lora, ok)
+	}
+	if _, _, ok := c.ModelByName("gpt-4"); ok {
+		t.Fatal("unknown model found")
+	}
+}
+
+// Every shipped example config must parse.
+func TestExampleConfigs(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/configs/*.yaml")
+	if len(files) == 0 {
+		t.Skip("no example configs yet")
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Parse(b); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(minimal))
+	f.Add([]byte("models: [{name: a}]\nstore: {kind: redis, addrs: [x]}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := Parse(b)
+		if err == nil && len(c.Models) == 0 {
+			t.Fatal("valid config without models")
+		}
+	})
+}
