@@ -1,0 +1,276 @@
+package kvevents
+
+import (
+	"bufio"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// golden mirrors the parts of testdata/golden.json (copied from ref/kv-events, produced by gen_golden.py
+// with msgpack-python and cross-checked against msgspec) that the codec tests use.
+type golden struct {
+	HashVectors struct {
+		SHA256CBOR struct {
+			Cases map[string]struct {
+				BlockHashesHex    []string `json:"block_hashes_hex"`
+				BlockHashesUint64 []uint64 `json:"block_hashes_uint64"`
+			} `json:"cases"`
+		} `json:"sha256_cbor"`
+		SGLang struct {
+			EventInt64 []int64 `json:"event_int64"`
+		} `json:"sglang_page_hash"`
+		Inputs struct {
+			TokenIDs  []uint32 `json:"token_ids"`
+			BlockSize int      `json:"block_size"`
+		} `json:"inputs"`
+	} `json:"hash_vectors"`
+	EventParams struct {
+		TS     float64 `json:"ts"`
+		DPRank int     `json:"data_parallel_rank"`
+	} `json:"event_params"`
+}
+
+func loadGolden(t testing.TB) golden {
+	t.Helper()
+	b, err := os.ReadFile("testdata/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// loadPayloads reads testdata/payloads.hex.txt: "name hex" per line.
+func loadPayloads(t testing.TB) map[string][]byte {
+	t.Helper()
+	f, err := os.Open("testdata/payloads.hex.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]byte{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		name, hx, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if !ok {
+			continue
+		}
+		b, err := hex.DecodeString(hx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = b
+	}
+	if len(out) != 11 {
+		t.Fatalf("want 11 golden payloads, have %d", len(out))
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// expectedBatch builds, from golden.json's inputs, the batch gen_golden.py encoded under name.
+func expectedBatch(t testing.TB, g golden, name string) (EventBatch, Layout, HashForm) {
+	t.Helper()
+	parts := strings.Split(name, "/")
+	layout, err := ParseLayout(parts[0] + "/" + parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := g.HashVectors.SHA256CBOR.Cases["plain"]
+	tokens := g.HashVectors.Inputs.TokenIDs
+	bs := g.HashVectors.Inputs.BlockSize
+	form := map[string]HashForm{"hash_int": HashUint, "hash_bytes": HashBytes, "hash_int64": HashInt64}[parts[2]]
+	b := EventBatch{TS: g.EventParams.TS}
+	if layout != LayoutV090 {
+		b.DataParallelRank = ptr(g.EventParams.DPRank)
+	}
+	if layout == LayoutSGLang {
+		sg := g.HashVectors.SGLang.EventInt64
+		h0, h1 := EngineHash(sg[0]), EngineHash(sg[1])
+		b.Events = []Event{
+			BlockStored{BlockHashes: []EngineHash{h0}, TokenIDs: tokens[:16], BlockSize: 16, Medium: "GPU"},
+			BlockStored{BlockHashes: []EngineHash{h1}, ParentBlockHash: &h0, TokenIDs: tokens[16:], BlockSize: 16, Medium: "GPU"},
+			BlockRemoved{BlockHashes: []EngineHash{h1}, Medium: "GPU"},
+			AllBlocksCleared{},
+		}
+		return b, layout, form
+	}
+	hs := []EngineHash{EngineHash(plain.BlockHashesUint64[0]), EngineHash(plain.BlockHashesUint64[1])}
+	var raw [][]byte
+	if form == HashBytes {
+		for _, x := range plain.BlockHashesHex {
+			d, _ := hex.DecodeString(x)
+			raw = append(raw, d)
+		}
+	}
+	st := BlockStored{BlockHashes: hs, RawBlockHashes: raw, TokenIDs: tokens, BlockSize: bs, Medium: "GPU"}
+	rm := BlockRemoved{BlockHashes: hs[1:], Medium: "CPU"}
+	if raw != nil {
+		rm.RawBlockHashes = raw[1:]
+	}
+	if layout == LayoutV090 {
+		st.Medium, rm.Medium = "", ""
+	}
+	b.Events = []Event{st, rm, AllBlocksCleared{}}
+	return b, layout, form
+}
+
+func TestEncodeGolden(t *testing.T) {
+	g := loadGolden(t)
+	for name, want := range loadPayloads(t) {
+		t.Run(name, func(t *testing.T) {
+			b, layout, form := expectedBatch(t, g, name)
+			got, err := Encode(b, layout, form)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("encode %s:\n got %x\nwant %x", name, got, want)
+			}
+		})
+	}
+}
+
+func TestDecodeGolden(t *testing.T) {
+	g := loadGolden(t)
+	for name, payload := range loadPayloads(t) {
+		t.Run(name, func(t *testing.T) {
+			want, _, _ := expectedBatch(t, g, name)
+			got, err := Decode(payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("decode %s:\n got %#v\nwant %#v", name, got, want)
+			}
+		})
+	}
+}
+
+// TestDecodeHashForms checks every int width and sign and byte-string lengths against hand-written bytes.
+func TestDecodeHashForms(t *testing.T) {
+	cases := []struct {
+		hashHex string
+		want    EngineHash
+	}{
+		{"05", 5},
+		{"ff", 0xffffffffffffffff},                       // negative fixint -1
+		{"d0fe", 0xfffffffffffffffe},                     // int8 -2
+		{"cd0102", 0x0102},                               // uint16
+		{"d3ffffffffffffff85", 0xffffffffffffff85},       // int64 -123
+		{"cf8000000000000000", 0x8000000000000000},       // uint64 top bit
+		{"c403010203", 0x010203},                         // bin of 3 bytes
+		{"c40a00000000000000000000", 0},                  // bin of 10 zero bytes
+		{"c40aff11223344556677aabb", 0x223344556677aabb}, // last 8 of 10
+	}
+	for _, c := range cases {
+		// [ts=1.0 as fixint, [["BlockRemoved", [h]]]]
+		p, _ := hex.DecodeString("92019192ac426c6f636b52656d6f76656491" + c.hashHex)
+		b, err := Decode(p)
+		if err != nil {
+			t.Fatalf("%s: %v", c.hashHex, err)
+		}
+		got := b.Events[0].(BlockRemoved).BlockHashes[0]
+		if got != c.want {
+			t.Errorf("%s: got %#x want %#x", c.hashHex, uint64(got), uint64(c.want))
+		}
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	cases := []struct {
+		name, hex string
+		kind      error
+	}{
+		{"empty", "", ErrMalformed},
+		{"truncated", "93cb41d954fc40", ErrMalformed},
+		{"not a batch", "a3616263", ErrWrongType},
+		{"string ts", "92a17891", ErrWrongType},
+		{"huge events array", "92cbd41d954fc4020000ddffffffff", ErrTooLarge},
+		{"huge string tag", "92019191dbffffffff", ErrTooLarge},
+		{"negative token", "9201919aab426c6f636b53746f72656490c091ff10c0", ErrWrongType},
+		{"token > uint32", "9201919aab426c6f636b53746f72656490c091cf000000010000000010c0", ErrWrongType},
+		{"string block size", "9201919aab426c6f636b53746f72656490c090a131c0", ErrWrongType},
+		{"map hash", "92019192ac426c6f636b52656d6f7665649181a16101", ErrWrongType},
+		{"short BlockStored", "92019192ab426c6f636b53746f72656490", ErrWrongType},
+		{"trailing bytes", "92019000", ErrMalformed},
+		{"reserved code", "92019192a3466f6fc1", ErrMalformed},
+		{"tag not a string", "920191" + strings.Repeat("91", 100) + "00", ErrWrongType},
+		{"deep nesting", "92019192a3466f6f" + strings.Repeat("91", 100) + "00", ErrTooLarge},
+	}
+	for _, c := range cases {
+		p, err := hex.DecodeString(c.hex)
+		if err != nil {
+			t.Fatalf("%s: bad test hex: %v", c.name, err)
+		}
+		_, err = Decode(p)
+		var de *DecodeError
+		if !errors.As(err, &de) {
+			t.Errorf("%s: want *DecodeError, got %v", c.name, err)
+			continue
+		}
+		if !errors.Is(err, c.kind) {
+			t.Errorf("%s: want %v, got %v", c.name, c.kind, err)
+		}
+	}
+}
+
+func TestDecodeSkipsUnknown(t *testing.T) {
+	// [1, [["Future", 1, {"a": [1,2]}], {"type": "AlsoFuture"}, ["AllBlocksCleared", "extra"]], 0, "x"]
+	p, _ := hex.DecodeString("9401" + "93" +
+		"93a6467574757265" + "01" + "81a161920102" +
+		"81a474797065aa416c736f467574757265" +
+		"92b0416c6c426c6f636b73436c6561726564a56578747261" +
+		"00a178")
+	b, err := Decode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Skipped != 2 || len(b.Events) != 1 || b.Events[0].Type() != TagAllBlocksCleared {
+		t.Fatalf("got %+v", b)
+	}
+}
+
+// TestRoundTripAllFields encodes a batch using every optional field in each layout that carries it.
+func TestRoundTripAllFields(t *testing.T) {
+	parent := EngineHash(0xfedcba9876543210)
+	full := BlockStored{
+		BlockHashes: []EngineHash{1 << 63, 7}, ParentBlockHash: &parent, TokenIDs: []uint32{0, 127, 128, 65535, 65536, 1<<32 - 1},
+		BlockSize: 3, LoRAID: ptr(4), Medium: "CPU_PINNED", LoRAName: "adapter-x",
+		ExtraKeys: []ExtraKey{{"adapter-x", "salt"}, nil}, GroupIdx: ptr(1), KVCacheSpecKind: "sliding_window",
+		KVCacheSpecSlidingWindow: ptr(4096),
+	}
+	for _, layout := range []Layout{LayoutArrayLast, LayoutMap, LayoutMapBatch} {
+		for _, form := range []HashForm{HashUint, HashInt64} {
+			in := EventBatch{TS: 12.25, Events: []Event{full, BlockRemoved{BlockHashes: []EngineHash{3}, Medium: "GPU", GroupIdx: ptr(2)}}, DataParallelRank: ptr(3)}
+			p, err := Encode(in, layout, form)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := Decode(p)
+			if err != nil {
+				t.Fatalf("%s/%s: %v", layout, form, err)
+			}
+			// Extra-key strings come back as strings; that is the only representation change.
+			if !reflect.DeepEqual(in, out) {
+				t.Fatalf("%s/%s:\n in %#v\nout %#v", layout, form, in, out)
+			}
+		}
+	}
+	if _, err := Encode(EventBatch{Events: []Event{full}}, LayoutV011, HashUint); !errors.Is(err, ErrEncode) {
+		t.Fatalf("want ErrEncode for fields the layout lacks, got %v", err)
+	}
+	if _, err := Encode(EventBatch{Events: []Event{BlockStored{BlockHashes: []EngineHash{1}}}}, LayoutV011, HashBytes); !errors.Is(err, ErrEncode) {
+		t.Fatalf("want ErrEncode for missing raw digest, got %v", err)
+	}
+}
