@@ -1,0 +1,288 @@
+// Package openai holds the small part of the OpenAI HTTP API the gateway must understand itself: the error
+// shape {"error":{"message","type","param","code"}}, request validation (only the fields routing reads:
+// model, stream, messages/prompt, max_tokens, cache_salt), and minimal byte-level edits that splice token IDs
+// into a request body. Everything else in a body is passed to the engine untouched: the gateway never
+// re-marshals a client's request.
+package openai
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// Error is an error answered to the client in OpenAI's shape, with its HTTP status.
+type Error struct {
+	Status  int    `json:"-"`
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   any    `json:"param"` // string or nil (JSON null), as OpenAI sends it
+	Code    any    `json:"code"`  // string or nil
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("openai: %d %s: %s", e.Status, e.Type, e.Message) }
+
+// JSON returns the response body {"error":{...}}.
+func (e *Error) JSON() []byte {
+	b, _ := json.Marshal(struct {
+		Error *Error `json:"error"`
+	}{e})
+	return b
+}
+
+func str(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// Errorf builds an *Error; empty param or code become JSON null.
+func Errorf(status int, typ, param, code, format string, a ...any) *Error {
+	return &Error{Status: status, Type: typ, Param: str(param), Code: str(code), Message: fmt.Sprintf(format, a...)}
+}
+
+// Constructors for the gateway's own errors.
+func BadRequest(param, format string, a ...any) *Error {
+	return Errorf(http.StatusBadRequest, "invalid_request_error", param, "", format, a...)
+}
+
+// ModelNotFound is 404 for a model the gateway does not serve (OpenAI's code model_not_found).
+func ModelNotFound(model string) *Error {
+	return Errorf(http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
+		"The model `%s` does not exist or is not served by this gateway.", model)
+}
+
+// TooLarge is 413 for a body over the configured limit.
+func TooLarge(limit int64) *Error {
+	return Errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
+		"Request body is larger than the limit of %d bytes.", limit)
+}
+
+// NoCapacity is 429: every endpoint stayed at capacity for the model's queue timeout.
+func NoCapacity(model string) *Error {
+	return Errorf(http.StatusTooManyRequests, "rate_limit_error", "", "no_capacity",
+		"Every endpoint serving `%s` is at capacity; retry later.", model)
+}
+
+// Unavailable is 503: no healthy endpoint serves the model.
+func Unavailable(model string) *Error {
+	return Errorf(http.StatusServiceUnavailable, "server_error", "", "no_healthy_endpoint",
+		"No healthy endpoint serves `%s`.", model)
+}
+
+// Upstream is 502: every tried endpoint failed before sending a response.
+func Upstream(msg string) *Error {
+	return Errorf(http.StatusBadGateway, "server_error", "", "upstream_error", "%s", msg)
+}
+
+// Unauthorized is 401.
+func Unauthorized() *Error {
+	return Errorf(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key",
+		"Missing or invalid bearer token.")
+}
+
+// API names the two generation APIs.
+type API uint8
+
+const (
+	// Chat is POST /v1/chat/completions.
+	Chat API = iota + 1
+	// Completions is POST /v1/completions.
+	Completions
+)
+
+// Path returns the API's URL path.
+func (a API) Path() string {
+	if a == Chat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+func (a API) String() string {
+	if a == Chat {
+		return "chat"
+	}
+	return "completions"
+}
+
+// Request is what the gateway reads of a client body.
+type Request struct {
+	API    API
+	Model  string
+	Stream bool
+	// MaxTokens is max_completion_tokens, else max_tokens, else -1 (unset).
+	MaxTokens int64
+	// CacheSalt is vLLM's cache_salt ("" when absent); it is folded into block keys.
+	CacheSalt string
+	// PromptText is a completions prompt given as one string (or the first of a list of strings).
+	PromptText string
+	// PromptIDs is a completions prompt given as token IDs (or the first of a list of ID lists).
+	PromptIDs []uint32
+	// PromptIsIDs says the completions prompt was token IDs.
+	PromptIsIDs bool
+	// HasPromptTokenIDs says a chat body already carries prompt_token_ids (the gateway then leaves it).
+	HasPromptTokenIDs bool
+}
+
+// ParseRequest validates body for api and extracts the routing fields; errors are *Error with status 400.
+func ParseRequest(api API, body []byte) (*Request, error) {
+	if !gjson.ValidBytes(body) {
+		return nil, BadRequest("", "Request body is not valid JSON.")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, BadRequest("", "Request body must be a JSON object.")
+	}
+	r := &Request{API: api, MaxTokens: -1}
+	m := root.Get("model")
+	if m.Type != gjson.String || m.Str == "" {
+		return nil, BadRequest("model", "`model` must be a non-empty string.")
+	}
+	r.Model = m.Str
+	if s := root.Get("stream"); s.Exists() && s.Type != gjson.Null {
+		if s.Type != gjson.True && s.Type != gjson.False {
+			return nil, BadRequest("stream", "`stream` must be a boolean.")
+		}
+		r.Stream = s.Bool()
+	}
+	for _, k := range []string{"max_tokens", "max_completion_tokens"} {
+		v := root.Get(k)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		if v.Type != gjson.Number || err != nil || n < 0 {
+			return nil, BadRequest(k, "`%s` must be a non-negative integer.", k)
+		}
+		r.MaxTokens = n
+	}
+	if s := root.Get("cache_salt"); s.Exists() && s.Type != gjson.Null {
+		if s.Type != gjson.String {
+			return nil, BadRequest("cache_salt", "`cache_salt` must be a string.")
+		}
+		r.CacheSalt = s.Str
+	}
+	switch api {
+	case Chat:
+		msgs := root.Get("messages")
+		if !msgs.IsArray() || len(msgs.Array()) == 0 {
+			return nil, BadRequest("messages", "`messages` must be a non-empty array.")
+		}
+		r.HasPromptTokenIDs = root.Get("prompt_token_ids").Exists()
+	case Completions:
+		p := root.Get("prompt")
+		if err := r.readPrompt(p); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func (r *Request) readPrompt(p gjson.Result) error {
+	bad := BadRequest("prompt", "`prompt` must be a string, a list of strings, a list of token IDs or a list of token-ID lists.")
+	switch {
+	case p.Type == gjson.String:
+		r.PromptText = p.Str
+		return nil
+	case p.IsArray():
+		items := p.Array()
+		if len(items) == 0 {
+			return BadRequest("prompt", "`prompt` must not be empty.")
+		}
+		switch {
+		case items[0].Type == gjson.String:
+			for _, it := range items {
+				if it.Type != gjson.String {
+					return bad
+				}
+			}
+			r.PromptText = items[0].Str
+			return nil
+		case items[0].Type == gjson.Number:
+			ids, ok := tokenIDs(items)
+			if !ok {
+				return bad
+			}
+			r.PromptIDs, r.PromptIsIDs = ids, true
+			return nil
+		case items[0].IsArray():
+			for _, it := range items {
+				if !it.IsArray() {
+					return bad
+				}
+				if _, ok := tokenIDs(it.Array()); !ok {
+					return bad
+				}
+			}
+			r.PromptIDs, _ = tokenIDs(items[0].Array())
+			r.PromptIsIDs = true
+			return nil
+		}
+	}
+	return bad
+}
+
+func tokenIDs(items []gjson.Result) ([]uint32, bool) {
+	ids := make([]uint32, len(items))
+	for i, it := range items {
+		if it.Type != gjson.Number {
+			return nil, false
+		}
+		n, err := strconv.ParseUint(it.Raw, 10, 32)
+		if err != nil {
+			return nil, false
+		}
+		ids[i] = uint32(n)
+	}
+	return ids, true
+}
+
+// AppendIDs appends ids as a JSON array of integers.
+func AppendIDs(dst []byte, ids []uint32) []byte {
+	dst = append(dst, '[')
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+	}
+	return append(dst, ']')
+}
+
+// SpliceChatTokenIDs returns body with a top-level "prompt_token_ids" field holding ids, inserted right after
+// the opening brace; every other byte of body is kept as sent.
+func SpliceChatTokenIDs(body []byte, ids []uint32) []byte {
+	i := 0
+	for i < len(body) && body[i] != '{' {
+		i++
+	}
+	out := make([]byte, 0, len(body)+len(ids)*7+24)
+	out = append(out, body[:i+1]...)
+	out = append(out, `"prompt_token_ids":`...)
+	out = AppendIDs(out, ids)
+	rest := body[i+1:]
+	j := 0
+	for j < len(rest) && (rest[j] == ' ' || rest[j] == '\t' || rest[j] == '\n' || rest[j] == '\r') {
+		j++
+	}
+	if j < len(rest) && rest[j] != '}' { // the object has members: separate them
+		out = append(out, ',')
+	}
+	return append(out, rest...)
+}
+
+// SpliceCompletionPrompt returns body with the value of its top-level "prompt" replaced by ids in place;
+// every other byte of body is kept as sent.
+func SpliceCompletionPrompt(body []byte, ids []uint32) ([]byte, error) {
+	out, err := sjson.SetRawBytes(body, "prompt", AppendIDs(nil, ids))
+	if err != nil {
+		return nil, fmt.Errorf("openai: splice prompt: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,116 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+func TestParseRequest(t *testing.T) {
+	r, err := ParseRequest(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_completion_tokens":7,"cache_salt":"s","x_unknown":{"a":1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Model != "m" || !r.Stream || r.MaxTokens != 7 || r.CacheSalt != "s" || r.HasPromptTokenIDs {
+		t.Fatalf("%+v", r)
+	}
+	r, err = ParseRequest(Completions, []byte(`{"model":"m","prompt":[[1,2,3],[4]]}`))
+	if err != nil || !r.PromptIsIDs || !reflect.DeepEqual(r.PromptIDs, []uint32{1, 2, 3}) || r.MaxTokens != -1 {
+		t.Fatalf("%+v %v", r, err)
+	}
+	r, err = ParseRequest(Completions, []byte(`{"model":"m","prompt":["a","b"]}`))
+	if err != nil || r.PromptText != "a" {
+		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+func TestParseRequestErrors(t *testing.T) {
+	cases := []struct {
+		api         API
+		body, param string
+	}{
+		{Chat, `{"model":"m","messages":[]`, ""},
+		{Chat, `[1]`, ""},
+		{Chat, `{"messages":[{}]}`, "model"},
+		{Chat, `{"model":3,"messages":[{}]}`, "model"},
+		{Chat, `{"model":"m","messages":{}}`, "messages"},
+		{Chat, `{"model":"m","messages":[{}],"stream":"yes"}`, "stream"},
+		{Chat, `{"model":"m","messages":[{}],"max_tokens":-1}`, "max_tokens"},
+		{Chat, `{"model":"m","messages":[{}],"max_tokens":1.5}`, "max_tokens"},
+		{Completions, `{"model":"m"}`, "prompt"},
+		{Completions, `{"model":"m","prompt":[1,"a"]}`, "prompt"},
+		{Completions, `{"model":"m","prompt":[5000000000]}`, "prompt"},
+		{Completions, `{"model":"m","prompt":[]}`, "prompt"},
+	}
+	for _, tc := range cases {
+		_, err := ParseRequest(tc.api, []byte(tc.body))
+		var oe *Error
+		if !errors.As(err, &oe) || oe.Status != http.StatusBadRequest {
+			t.Fatalf("%s: err %v", tc.body, err)
+		}
+		if want := str(tc.param); oe.Param != want {
+			t.Errorf("%s: param %v, want %v", tc.body, oe.Param, want)
+		}
+	}
+}
+
+func TestErrorJSONShape(t *testing.T) {
+	var v map[string]map[string]any
+	if err := json.Unmarshal(ModelNotFound("x").JSON(), &v); err != nil {
+		t.Fatal(err)
+	}
+	e := v["error"]
+	if e["type"] != "invalid_request_error" || e["param"] != "model" || e["code"] != "model_not_found" || e["message"] == "" {
+		t.Fatalf("%v", e)
+	}
+	if err := json.Unmarshal(BadRequest("", "x").JSON(), &v); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := v["error"]["param"]; !ok || v["error"]["param"] != nil {
+		t.Fatalf("param must be present and null: %v", v)
+	}
+}
+
+func TestSplice(t *testing.T) {
+	in := []byte(` { "model":"m", "messages":[], "zz_unknown": [1, 2] }`)
+	got := string(SpliceChatTokenIDs(in, []uint32{1, 22, 333}))
+	want := ` {"prompt_token_ids":[1,22,333], "model":"m", "messages":[], "zz_unknown": [1, 2] }`
+	if got != want {
+		t.Fatalf("got %s", got)
+	}
+	if got := string(SpliceChatTokenIDs([]byte(`{ }`), []uint32{4})); got != `{"prompt_token_ids":[4] }` {
+		t.Fatalf("empty object: %s", got)
+	}
+	out, err := SpliceCompletionPrompt([]byte(`{"prompt": "hello",  "keep":  {"a": "b"}}`), []uint32{9, 8})
+	if err != nil || string(out) != `{"prompt": [9,8],  "keep":  {"a": "b"}}` {
+		t.Fatalf("%s %v", out, err)
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	f.Add(uint8(1), []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+	f.Add(uint8(2), []byte(`{"model":"m","prompt":[[1,2],[3]],"max_tokens":3}`))
+	f.Fuzz(func(t *testing.T, api uint8, body []byte) {
+		a := API(api%2 + 1)
+		r, err := ParseRequest(a, body)
+		if err != nil {
+			var oe *Error
+			if !errors.As(err, &oe) || oe.Status != 400 {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if r.Model == "" {
+			t.Fatal("accepted without model")
+		}
+		if a == Chat {
+			if !json.Valid(SpliceChatTokenIDs(body, []uint32{1, 2})) {
+				t.Fatalf("splice made invalid JSON from %q", body)
+			}
+		} else if out, err := SpliceCompletionPrompt(body, []uint32{1}); err != nil || !json.Valid(out) {
+			t.Fatalf("splice prompt: %v %q", err, out)
+		}
+	})
+}
