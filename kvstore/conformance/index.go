@@ -1,0 +1,352 @@
+// Package conformance is the one behaviour suite every kvstore backend must pass: RunIndex for
+// kvstore.Index, RunReservations for kvstore.Reservations. The memory and Redis backends run the same
+// functions (kvstore's own tests), so both return identical matches for the same data. Other packages may
+// run it against their own wrappers (for example a metrics decorator).
+package conformance
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+// IndexFactory returns a new, empty index for one subtest. Fresh stores (or fresh key prefixes) per call
+// keep subtests independent.
+type IndexFactory func(t *testing.T) kvstore.Index
+
+// keys returns n distinct block keys for a test chain (derived from the real Hasher, so they look like
+// production keys).
+func keys(seed uint64, n int) []kvstore.BlockKey {
+	toks := make([]uint32, n*4)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	return kvstore.Hasher{Seed: seed}.Keys(toks, 4, kvstore.ExtraKeys{})
+}
+
+func sorted(ms []kvstore.EndpointMatch) []kvstore.EndpointMatch {
+	out := slices.Clone(ms)
+	slices.SortFunc(out, func(a, b kvstore.EndpointMatch) int { return cmp.Compare(a.Endpoint, b.Endpoint) })
+	return out
+}
+
+func expectMatch(t *testing.T, idx kvstore.Index, model string, ks []kvstore.BlockKey, want ...kvstore.EndpointMatch) {
+	t.Helper()
+	got, err := idx.Match(context.Background(), model, ks)
+	if err != nil {
+		t.Fatalf("match: %v", err)
+	}
+	g, w := sorted(got), sorted(want)
+	if len(g) != len(w) || (len(w) > 0 && !slices.Equal(g, w)) {
+		t.Fatalf("match = %+v, want %+v", g, w)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func em(ep string, gpu, cpu int) kvstore.EndpointMatch {
+	return kvstore.EndpointMatch{Endpoint: kvstore.EndpointID(ep), GPUBlocks: gpu, CPUBlocks: cpu}
+}
+
+// RunIndex runs the index conformance suite against indexes made by newIndex.
+func RunIndex(t *testing.T, newIndex IndexFactory) {
+	ctx := context.Background()
+	gpu, cpu := kvstore.TierGPU, kvstore.TierCPU
+	k := keys(1, 300)
+
+	t.Run("EmptyKeys", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:3]))
+		expectMatch(t, idx, "m", nil)
+		expectMatch(t, idx, "m", []kvstore.BlockKey{})
+		must(t, idx.Add(ctx, "m", "a", gpu, nil))
+		must(t, idx.Remove(ctx, "m", "a", gpu, nil))
+		must(t, idx.Record(ctx, "m", "a", nil, time.Second))
+	})
+	t.Run("UnknownModelAndKeys", func(t *testing.T) {
+		idx := newIndex(t)
+		expectMatch(t, idx, "nobody", k[:5])
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:5]))
+		expectMatch(t, idx, "other", k[:5])
+		expectMatch(t, idx, "m", keys(2, 5))
+	})
+	t.Run("LongestRunFromBlockZero", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:10]))
+		must(t, idx.Add(ctx, "m", "b", gpu, k[:5]))
+		must(t, idx.Add(ctx, "m", "c", gpu, k[1:10])) // no block 0: omitted
+		expectMatch(t, idx, "m", k[:12], em("a", 10, 0), em("b", 5, 0))
+		expectMatch(t, idx, "m", k[:3], em("a", 3, 0), em("b", 3, 0))
+		expectMatch(t, idx, "m", k[:1], em("a", 1, 0), em("b", 1, 0))
+	})
+	t.Run("GapInMiddle", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:3]))
+		must(t, idx.Add(ctx, "m", "a", gpu, k[4:8]))
+		must(t, idx.Add(ctx, "m", "b", gpu, k[:8]))
+		expectMatch(t, idx, "m", k[:8], em("a", 3, 0), em("b", 8, 0))
+		// A block nobody holds stops every run, though later blocks are held.
+		must(t, idx.Remove(ctx, "m", "b", gpu, k[3:4]))
+		expectMatch(t, idx, "m", k[:8], em("a", 3, 0), em("b", 3, 0))
+	})
+	t.Run("Tiers", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, idx.Add(ctx, "m", "a", cpu, k[2:8]))
+		expectMatch(t, idx, "m", k[:10], em("a", 4, 4))
+		// Both tiers count as GPU; removing GPU leaves CPU.
+		must(t, idx.Remove(ctx, "m", "a", gpu, k[2:3]))
+		expectMatch(t, idx, "m", k[:10], em("a", 3, 5))
+		must(t, idx.Remove(ctx, "m", "a", cpu, k[2:3]))
+		expectMatch(t, idx, "m", k[:10], em("a", 2, 0))
+		// CPU-only from block 0.
+		must(t, idx.Add(ctx, "m", "b", cpu, k[:6]))
+		expectMatch(t, idx, "m", k[:10], em("a", 2, 0), em("b", 0, 6))
+	})
+	t.Run("AddIsIdempotent", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, idx.Remove(ctx, "m", "a", gpu, k[3:4]))
+		expectMatch(t, idx, "m", k[:4], em("a", 3, 0))
+	})
+	t.Run("RemoveUnknown", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Remove(ctx, "m", "a", gpu, k[:4])) // nothing stored at all
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, idx.Remove(ctx, "m", "a", gpu, keys(9, 4))) // unknown keys
+		must(t, idx.Remove(ctx, "m", "zz", gpu, k[:4]))     // unknown endpoint
+		must(t, idx.Remove(ctx, "other", "a", gpu, k[:4]))  // unknown model
+		must(t, idx.Remove(ctx, "m", "a", cpu, k[:4]))      // tier not held
+		expectMatch(t, idx, "m", k[:4], em("a", 4, 0))
+	})
+	t.Run("ClearEndpoint", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:6]))
+		must(t, idx.Add(ctx, "m", "a", cpu, k[:9]))
+		must(t, idx.Record(ctx, "m", "a", k[:12], time.Minute))
+		must(t, idx.Add(ctx, "m", "b", gpu, k[:5]))
+		must(t, idx.Add(ctx, "m2", "a2", gpu, k[:5]))
+		must(t, idx.ClearEndpoint(ctx, "m", "a"))
+		expectMatch(t, idx, "m", k[:12], em("b", 5, 0))
+		expectMatch(t, idx, "m2", k[:12], em("a2", 5, 0))
+		must(t, idx.ClearEndpoint(ctx, "m", "a"))   // twice
+		must(t, idx.ClearEndpoint(ctx, "m", "zzz")) // unknown
+		must(t, idx.ClearEndpoint(ctx, "zzz", "a")) // unknown model
+		// Entries added after a clear are live again.
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:2]))
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0))
+	})
+	t.Run("Speculative", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", cpu, k[:4]))
+		must(t, idx.Record(ctx, "m", "a", k[:2], 200*time.Millisecond)) // on top of CPU: counts GPU
+		must(t, idx.Record(ctx, "m", "b", k[:6], 200*time.Millisecond)) // speculative only
+		must(t, idx.Record(ctx, "m", "c", k[:3], 30*time.Second))       // outlives the test
+		must(t, idx.Add(ctx, "m", "b", gpu, k[:1]))                     // confirmed block 0
+		expectMatch(t, idx, "m", k[:8], em("a", 2, 2), em("b", 6, 0), em("c", 3, 0))
+		time.Sleep(450 * time.Millisecond)
+		expectMatch(t, idx, "m", k[:8], em("a", 0, 4), em("b", 1, 0), em("c", 3, 0))
+		// A re-record extends; remove of a tier leaves the speculative hold.
+		must(t, idx.Record(ctx, "m", "b", k[:2], 30*time.Second))
+		must(t, idx.Remove(ctx, "m", "b", gpu, k[:1]))
+		expectMatch(t, idx, "m", k[:8], em("a", 0, 4), em("b", 2, 0), em("c", 3, 0))
+		// Writes after expiry (which sweep lazily) keep the result.
+		must(t, idx.Add(ctx, "m", "d", gpu, k[:8]))
+		expectMatch(t, idx, "m", k[:8], em("a", 0, 4), em("b", 2, 0), em("c", 3, 0), em("d", 8, 0))
+	})
+	t.Run("SeveralModels", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m1", "a", gpu, k[:5]))
+		must(t, idx.Add(ctx, "m2", "b", gpu, k[:3]))
+		must(t, idx.Add(ctx, "m2", "c", cpu, k[:7]))
+		expectMatch(t, idx, "m1", k[:10], em("a", 5, 0))
+		expectMatch(t, idx, "m2", k[:10], em("b", 3, 0), em("c", 0, 7))
+		must(t, idx.ClearEndpoint(ctx, "m2", "b"))
+		expectMatch(t, idx, "m1", k[:10], em("a", 5, 0))
+		expectMatch(t, idx, "m2", k[:10], em("c", 0, 7))
+		// Model names with Redis-special characters.
+		must(t, idx.Add(ctx, "org/model{x}:v1", "e", gpu, k[:2]))
+		expectMatch(t, idx, "org/model{x}:v1", k[:4], em("e", 2, 0))
+	})
+	t.Run("ManyEndpointsPerKey", func(t *testing.T) {
+		idx := newIndex(t)
+		var want []kvstore.EndpointMatch
+		for i := range 9 {
+			ep := fmt.Sprintf("ep-%d", i)
+			must(t, idx.Add(ctx, "m", kvstore.EndpointID(ep), gpu, k[:i+1]))
+			want = append(want, em(ep, i+1, 0))
+		}
+		expectMatch(t, idx, "m", k[:20], want...)
+		must(t, idx.ClearEndpoint(ctx, "m", "ep-2"))
+		must(t, idx.Remove(ctx, "m", "ep-0", gpu, k[:1]))
+		want = slices.Delete(want, 0, 1)
+		want = slices.Delete(want, 1, 2)
+		expectMatch(t, idx, "m", k[:20], want...)
+	})
+	t.Run("LongPrompt", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:200]))
+		must(t, idx.Add(ctx, "m", "a", cpu, k[150:300]))
+		must(t, idx.Add(ctx, "m", "b", cpu, k[:299]))
+		expectMatch(t, idx, "m", k, em("a", 200, 100), em("b", 0, 299))
+	})
+	t.Run("InvalidInput", func(t *testing.T) {
+		idx := newIndex(t)
+		for _, err := range []error{
+			idx.Add(ctx, "m", "a", 0, k[:1]),
+			idx.Add(ctx, "m", "a", 7, k[:1]),
+			idx.Remove(ctx, "m", "a", 3, k[:1]),
+		} {
+			if !errors.Is(err, kvstore.ErrInvalidTier) {
+				t.Fatalf("want ErrInvalidTier, got %v", err)
+			}
+		}
+		for _, err := range []error{
+			idx.Add(ctx, "", "a", gpu, k[:1]),
+			idx.Add(ctx, "m", "", gpu, k[:1]),
+			idx.Record(ctx, "m", "a", k[:1], 0),
+			idx.Record(ctx, "m", "a", k[:1], -time.Second),
+			idx.ClearEndpoint(ctx, "m", ""),
+		} {
+			if !errors.Is(err, kvstore.ErrInvalidArgument) {
+				t.Fatalf("want ErrInvalidArgument, got %v", err)
+			}
+		}
+		expectMatch(t, idx, "m", k[:1])
+	})
+	t.Run("AgainstReferenceModel", func(t *testing.T) { runRandomized(t, newIndex(t)) })
+	t.Run("Concurrent", func(t *testing.T) {
+		idx := newIndex(t)
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				ep := kvstore.EndpointID(fmt.Sprintf("g%d", g))
+				for i := range 20 {
+					if err := idx.Add(ctx, "m", ep, gpu, k[:50]); err != nil {
+						t.Error(err)
+						return
+					}
+					if _, err := idx.Match(ctx, "m", k[:60]); err != nil {
+						t.Error(err)
+						return
+					}
+					if i%5 == 4 {
+						if err := idx.ClearEndpoint(ctx, "m", ep); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}
+				if err := idx.Add(ctx, "m", ep, gpu, k[:10+g]); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		expectMatch(t, idx, "m", k[:60], em("g0", 10, 0), em("g1", 11, 0), em("g2", 12, 0), em("g3", 13, 0))
+	})
+}
+
+// refIndex is the obviously correct model the randomized test compares every backend with.
+type refIndex map[string]map[kvstore.BlockKey]map[kvstore.EndpointID]uint8
+
+func (r refIndex) match(model string, ks []kvstore.BlockKey) []kvstore.EndpointMatch {
+	var out []kvstore.EndpointMatch
+	eps := map[kvstore.EndpointID]bool{}
+	if len(ks) > 0 {
+		for ep, b := range r[model][ks[0]] {
+			if b != 0 {
+				eps[ep] = true
+			}
+		}
+	}
+	for ep := range eps {
+		m := kvstore.EndpointMatch{Endpoint: ep}
+		for _, key := range ks {
+			b := r[model][key][ep]
+			if b == 0 {
+				break
+			}
+			if b&uint8(kvstore.TierGPU) != 0 {
+				m.GPUBlocks++
+			} else {
+				m.CPUBlocks++
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func runRandomized(t *testing.T, idx kvstore.Index) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 11))
+	ref := refIndex{}
+	models := []string{"m1", "m2"}
+	eps := []kvstore.EndpointID{"a", "b", "c", "d", "e", "f"}
+	chains := [][]kvstore.BlockKey{keys(100, 40), keys(101, 40), keys(102, 40)}
+	for op := range 600 {
+		model := models[rng.IntN(len(models))]
+		ep := eps[rng.IntN(len(eps))]
+		ch := chains[rng.IntN(len(chains))]
+		lo := rng.IntN(len(ch))
+		hi := lo + 1 + rng.IntN(len(ch)-lo)
+		if rng.IntN(3) == 0 {
+			lo = 0
+		}
+		tier := kvstore.TierGPU
+		if rng.IntN(3) == 0 {
+			tier = kvstore.TierCPU
+		}
+		if ref[model] == nil {
+			ref[model] = map[kvstore.BlockKey]map[kvstore.EndpointID]uint8{}
+		}
+		switch r := rng.IntN(20); {
+		case r < 11:
+			must(t, idx.Add(ctx, model, ep, tier, ch[lo:hi]))
+			for _, key := range ch[lo:hi] {
+				if ref[model][key] == nil {
+					ref[model][key] = map[kvstore.EndpointID]uint8{}
+				}
+				ref[model][key][ep] |= uint8(tier)
+			}
+		case r < 18:
+			must(t, idx.Remove(ctx, model, ep, tier, ch[lo:hi]))
+			for _, key := range ch[lo:hi] {
+				if ref[model][key] != nil {
+					ref[model][key][ep] &^= uint8(tier)
+				}
+			}
+		default:
+			must(t, idx.ClearEndpoint(ctx, model, ep))
+			for _, h := range ref[model] {
+				delete(h, ep)
+			}
+		}
+		for _, m := range models {
+			for ci, c := range chains {
+				got, err := idx.Match(ctx, m, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if g, w := sorted(got), sorted(ref.match(m, c)); !slices.Equal(g, w) {
+					t.Fatalf("op %d, model %s chain %d: match = %+v, reference %+v", op, m, ci, g, w)
+				}
+			}
+		}
+	}
+}

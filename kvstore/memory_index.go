@@ -1,0 +1,620 @@
+package kvstore
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// DefaultMaxKeys is the memory index's key bound when MemoryConfig.MaxKeys is 0 (about 1.6 GB at the
+// measured ~100 bytes per key).
+const DefaultMaxKeys = 16 << 20
+
+// MemoryConfig configures NewMemoryIndex.
+type MemoryConfig struct {
+	// MaxKeys bounds the number of (model, block key) entries held; beyond it the least recently used
+	// entries (CLOCK approximation, per shard) are evicted. 0 means DefaultMaxKeys. The bound is enforced
+	// per shard (MaxKeys/Shards each, rounded up), so eviction may start slightly below MaxKeys.
+	MaxKeys int
+	// Shards is the number of lock shards, rounded up to a power of two; 0 means 64.
+	Shards int
+	// Now is the clock for speculative TTLs; nil means time.Now. Tests inject a fake clock.
+	Now func() time.Time
+}
+
+// Holder bits of one (key, endpoint) entry.
+const (
+	bitGPU  = uint32(TierGPU) // 1
+	bitCPU  = uint32(TierCPU) // 2
+	bitSpec = 4               // speculative (Record); live while its expiry is in the future
+	bitMask = 0xff
+)
+
+// inlineHolders is how many endpoints one entry holds without spilling into the shard's overflow map.
+const inlineHolders = 4
+
+// memSlot is one block key's entry: 32 bytes, no pointers (the GC never scans the slot array).
+// A holder is packed as holderID<<8 | bits.
+type memSlot struct {
+	key uint64 // internal key (block key XOR model mix)
+	h   [inlineHolders]uint32
+	n   uint32 // holder count; 0 means the slot is free
+	ref uint32 // CLOCK reference bit, set atomically by readers
+}
+
+type specItem struct {
+	ik      uint64
+	si      uint32
+	hid     uint16
+	expires int64
+}
+
+type revList struct {
+	keys []uint64 // internal keys this holder was added to (may hold stale or duplicate entries)
+	live int      // entries that currently hold the holder
+}
+
+type memShard struct {
+	mu    sync.RWMutex
+	idx   map[uint64]uint32 // internal key -> slot index
+	slots []memSlot
+	free  []uint32
+	hand  int
+	count int
+	limit int
+	over  map[uint32][]uint32 // holders beyond the inline ones, per slot
+	rev   map[uint16]*revList
+	spec  map[uint64]int64 // slot<<16 | holderID -> expiry (Unix ns)
+	specQ []specItem       // FIFO of speculative writes, swept lazily under the write lock
+	_     [64]byte         // keep shards' hot fields on separate cache lines
+}
+
+type memModel struct {
+	mix uint64
+	eps map[EndpointID]uint16
+}
+
+type holderName struct {
+	model string
+	ep    EndpointID
+}
+
+// MemoryIndex is the in-memory Index: a sharded hash of block keys with inline holder lists, CLOCK
+// eviction, per-endpoint reverse lists and speculative entries with TTLs. Safe for concurrent use.
+type MemoryIndex struct {
+	shards []memShard
+	mask   uint64
+	now    func() time.Time
+
+	hmu     sync.RWMutex
+	models  map[string]*memModel
+	holders []holderName // holder ID -> (model, endpoint); index 0 unused
+}
+
+var _ Index = (*MemoryIndex)(nil)
+
+// NewMemoryIndex returns an empty memory index configured by cfg.
+func NewMemoryIndex(cfg MemoryConfig) *MemoryIndex {
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
+	n := cfg.Shards
+	if n <= 0 {
+		n = 64
+	}
+	n = 1 << bits.Len(uint(n-1))
+	m := &MemoryIndex{
+		shards:  make([]memShard, n),
+		mask:    uint64(n - 1),
+		now:     cfg.Now,
+		models:  map[string]*memModel{},
+		holders: make([]holderName, 1),
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	per := (cfg.MaxKeys + n - 1) / n
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.idx = map[uint64]uint32{}
+		s.over = map[uint32][]uint32{}
+		s.rev = map[uint16]*revList{}
+		s.spec = map[uint64]int64{}
+		s.limit = per
+	}
+	return m
+}
+
+// Len returns the number of (model, block key) entries currently held.
+func (m *MemoryIndex) Len() int {
+	total := 0
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.RLock()
+		total += s.count
+		s.mu.RUnlock()
+	}
+	return total
+}
+
+func (m *MemoryIndex) shardOf(ik uint64) *memShard {
+	// The block keys are already well mixed; take high bits so the map's own hashing sees different ones.
+	return &m.shards[(ik>>40)&m.mask]
+}
+
+// lookup returns the model's mix and the endpoint's holder ID (0 if unknown) without creating either.
+func (m *MemoryIndex) lookup(model string, ep EndpointID) (mix uint64, hid uint16, ok bool) {
+	m.hmu.RLock()
+	defer m.hmu.RUnlock()
+	mm := m.models[model]
+	if mm == nil {
+		return 0, 0, false
+	}
+	return mm.mix, mm.eps[ep], true
+}
+
+// holderFor returns the model's mix and the endpoint's holder ID, numbering it on first use.
+func (m *MemoryIndex) holderFor(model string, ep EndpointID) (uint64, uint16, error) {
+	if mix, hid, ok := m.lookup(model, ep); ok && hid != 0 {
+		return mix, hid, nil
+	}
+	m.hmu.Lock()
+	defer m.hmu.Unlock()
+	mm := m.models[model]
+	if mm == nil {
+		mm = &memModel{mix: xxhash.Sum64String(model), eps: map[EndpointID]uint16{}}
+		m.models[model] = mm
+	}
+	if hid := mm.eps[ep]; hid != 0 {
+		return mm.mix, hid, nil
+	}
+	if len(m.holders) > 0xffff {
+		return 0, 0, ErrTooManyEndpoints
+	}
+	hid := uint16(len(m.holders))
+	m.holders = append(m.holders, holderName{model: model, ep: ep})
+	mm.eps[ep] = hid
+	return mm.mix, hid, nil
+}
+
+func checkNames(op, model string, ep EndpointID) error {
+	if model == "" || ep == "" {
+		return fmt.Errorf("kvstore: %s: empty model or endpoint: %w", op, ErrInvalidArgument)
+	}
+	return nil
+}
+
+func checkTier(op string, t Tier) error {
+	if t != TierGPU && t != TierCPU {
+		return fmt.Errorf("kvstore: %s: tier %d: %w", op, t, ErrInvalidTier)
+	}
+	return nil
+}
+
+// Match implements Index.
+func (m *MemoryIndex) Match(_ context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	m.hmu.RLock()
+	mm := m.models[model]
+	m.hmu.RUnlock()
+	if mm == nil {
+		return nil, nil
+	}
+	type run struct {
+		hid      uint16
+		alive    bool
+		gpu, cpu int32
+	}
+	var stack [16]run
+	runs := stack[:0]
+	alive := 0
+	var now int64 // read lazily, only when a speculative holder is seen
+	held := func(s *memShard, si uint32, h uint32) (gpu, any bool) {
+		b := h & bitMask
+		if b&bitGPU != 0 {
+			return true, true
+		}
+		if b&bitSpec != 0 {
+			if now == 0 {
+				now = m.now().UnixNano()
+			}
+			if s.spec[uint64(si)<<16|uint64(h>>8)] > now {
+				return true, true
+			}
+		}
+		return false, b&bitCPU != 0
+	}
+	for i, k := range keys {
+		ik := uint64(k) ^ mm.mix
+		s := m.shardOf(ik)
+		s.mu.RLock()
+		si, ok := s.idx[ik]
+		if !ok {
+			s.mu.RUnlock()
+			break
+		}
+		sl := &s.slots[si]
+		if atomic.LoadUint32(&sl.ref) == 0 {
+			atomic.StoreUint32(&sl.ref, 1)
+		}
+		n := int(sl.n)
+		if i == 0 {
+			for j := range n {
+				h := s.holderAt(si, j)
+				if g, a := held(s, si, h); a {
+					r := run{hid: uint16(h >> 8), alive: true}
+					if g {
+						r.gpu = 1
+					} else {
+						r.cpu = 1
+					}
+					runs = append(runs, r)
+					alive++
+				}
+			}
+		} else {
+			for ri := range runs {
+				r := &runs[ri]
+				if !r.alive {
+					continue
+				}
+				found := false
+				for j := range n {
+					h := s.holderAt(si, j)
+					if uint16(h>>8) != r.hid {
+						continue
+					}
+					if g, a := held(s, si, h); a {
+						found = true
+						if g {
+							r.gpu++
+						} else {
+							r.cpu++
+						}
+					}
+					break
+				}
+				if !found {
+					r.alive = false
+					alive--
+				}
+			}
+		}
+		s.mu.RUnlock()
+		if alive == 0 {
+			break
+		}
+	}
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	out := make([]EndpointMatch, len(runs))
+	m.hmu.RLock()
+	for i, r := range runs {
+		out[i] = EndpointMatch{Endpoint: m.holders[r.hid].ep, GPUBlocks: int(r.gpu), CPUBlocks: int(r.cpu)}
+	}
+	m.hmu.RUnlock()
+	return out, nil
+}
+
+// Add implements Index.
+func (m *MemoryIndex) Add(_ context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+	if err := checkNames("add", model, ep); err != nil {
+		return err
+	}
+	if err := checkTier("add", tier); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	mix, hid, err := m.holderFor(model, ep)
+	if err != nil {
+		return fmt.Errorf("kvstore: add: %w", err)
+	}
+	var now int64
+	for _, k := range keys {
+		ik := uint64(k) ^ mix
+		s := m.shardOf(ik)
+		s.mu.Lock()
+		if len(s.specQ) > 0 {
+			if now == 0 {
+				now = m.now().UnixNano()
+			}
+			s.sweep(now)
+		}
+		s.set(ik, hid, uint32(tier))
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// Record implements Index.
+func (m *MemoryIndex) Record(_ context.Context, model string, ep EndpointID, keys []BlockKey, ttl time.Duration) error {
+	if err := checkNames("record", model, ep); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("kvstore: record: ttl %v: %w", ttl, ErrInvalidArgument)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	mix, hid, err := m.holderFor(model, ep)
+	if err != nil {
+		return fmt.Errorf("kvstore: record: %w", err)
+	}
+	now := m.now().UnixNano()
+	exp := now + int64(ttl)
+	for _, k := range keys {
+		ik := uint64(k) ^ mix
+		s := m.shardOf(ik)
+		s.mu.Lock()
+		s.sweep(now)
+		si := s.set(ik, hid, bitSpec)
+		sk := uint64(si)<<16 | uint64(hid)
+		if s.spec[sk] < exp {
+			s.spec[sk] = exp
+			s.specQ = append(s.specQ, specItem{ik: ik, si: si, hid: hid, expires: exp})
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// Remove implements Index.
+func (m *MemoryIndex) Remove(_ context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+	if err := checkNames("remove", model, ep); err != nil {
+		return err
+	}
+	if err := checkTier("remove", tier); err != nil {
+		return err
+	}
+	mix, hid, ok := m.lookup(model, ep)
+	if !ok || hid == 0 {
+		return nil
+	}
+	for _, k := range keys {
+		ik := uint64(k) ^ mix
+		s := m.shardOf(ik)
+		s.mu.Lock()
+		if si, ok := s.idx[ik]; ok {
+			s.clearBits(si, hid, uint32(tier))
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// ClearEndpoint implements Index. It visits every shard once and, in each, only the keys on ep's reverse
+// list.
+func (m *MemoryIndex) ClearEndpoint(_ context.Context, model string, ep EndpointID) error {
+	if err := checkNames("clear endpoint", model, ep); err != nil {
+		return err
+	}
+	_, hid, ok := m.lookup(model, ep)
+	if !ok || hid == 0 {
+		return nil
+	}
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		if rl := s.rev[hid]; rl != nil {
+			for _, ik := range rl.keys {
+				if si, ok := s.idx[ik]; ok {
+					s.clearBits(si, hid, bitMask)
+				}
+			}
+			delete(s.rev, hid)
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// holderAt returns holder j of slot si (inline or overflow). Caller holds the lock.
+func (s *memShard) holderAt(si uint32, j int) uint32 {
+	if j < inlineHolders {
+		return s.slots[si].h[j]
+	}
+	return s.over[si][j-inlineHolders]
+}
+
+func (s *memShard) setHolderAt(si uint32, j int, h uint32) {
+	if j < inlineHolders {
+		s.slots[si].h[j] = h
+		return
+	}
+	s.over[si][j-inlineHolders] = h
+}
+
+// set ORs bits into hid's holder of internal key ik, creating the entry and the holder as needed, and
+// returns the slot index. Caller holds the write lock.
+func (s *memShard) set(ik uint64, hid uint16, b uint32) uint32 {
+	si, ok := s.idx[ik]
+	if !ok {
+		si = s.alloc(ik)
+	}
+	sl := &s.slots[si]
+	n := int(sl.n)
+	for j := range n {
+		h := s.holderAt(si, j)
+		if uint16(h>>8) == hid {
+			s.setHolderAt(si, j, h|b)
+			return si
+		}
+	}
+	h := uint32(hid)<<8 | b
+	if n < inlineHolders {
+		sl.h[n] = h
+	} else {
+		s.over[si] = append(s.over[si], h)
+	}
+	sl.n++
+	s.revAdd(hid, ik)
+	return si
+}
+
+// clearBits clears bits b of hid's holder in slot si; a holder left with no bits is removed, and a slot
+// left with no holders is freed. Caller holds the write lock.
+func (s *memShard) clearBits(si uint32, hid uint16, b uint32) {
+	sl := &s.slots[si]
+	n := int(sl.n)
+	for j := range n {
+		h := s.holderAt(si, j)
+		if uint16(h>>8) != hid {
+			continue
+		}
+		if h&b&bitSpec != 0 {
+			delete(s.spec, uint64(si)<<16|uint64(hid))
+		}
+		h &^= b
+		if h&bitMask != 0 {
+			s.setHolderAt(si, j, h)
+			return
+		}
+		// Remove: move the last holder into j.
+		s.setHolderAt(si, j, s.holderAt(si, n-1))
+		if n > inlineHolders {
+			if o := s.over[si][:len(s.over[si])-1]; len(o) == 0 {
+				delete(s.over, si)
+			} else {
+				s.over[si] = o
+			}
+		}
+		sl.n--
+		if rl := s.rev[hid]; rl != nil {
+			rl.live--
+		}
+		if sl.n == 0 {
+			s.freeSlot(si)
+		}
+		return
+	}
+}
+
+func (s *memShard) freeSlot(si uint32) {
+	sl := &s.slots[si]
+	delete(s.idx, sl.key)
+	*sl = memSlot{}
+	s.free = append(s.free, si)
+	s.count--
+}
+
+// alloc takes a slot for ik, evicting one entry first when the shard is at its limit.
+func (s *memShard) alloc(ik uint64) uint32 {
+	if s.count >= s.limit {
+		s.evictOne()
+	}
+	var si uint32
+	if n := len(s.free); n > 0 {
+		si = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		s.slots = append(s.slots, memSlot{})
+		si = uint32(len(s.slots) - 1)
+	}
+	s.slots[si] = memSlot{key: ik}
+	s.idx[ik] = si
+	s.count++
+	return si
+}
+
+// evictOne evicts the first entry the CLOCK hand finds with its reference bit clear.
+func (s *memShard) evictOne() {
+	for {
+		if s.hand >= len(s.slots) {
+			s.hand = 0
+		}
+		si := uint32(s.hand)
+		s.hand++
+		sl := &s.slots[si]
+		if sl.n == 0 {
+			continue
+		}
+		if sl.ref != 0 {
+			sl.ref = 0
+			continue
+		}
+		for j := range int(sl.n) {
+			h := s.holderAt(si, j)
+			hid := uint16(h >> 8)
+			if rl := s.rev[hid]; rl != nil {
+				rl.live--
+			}
+			if h&bitSpec != 0 {
+				delete(s.spec, uint64(si)<<16|uint64(hid))
+			}
+		}
+		delete(s.over, si)
+		s.freeSlot(si)
+		return
+	}
+}
+
+// revAdd notes that hid now holds ik, compacting hid's reverse list when stale entries dominate.
+func (s *memShard) revAdd(hid uint16, ik uint64) {
+	rl := s.rev[hid]
+	if rl == nil {
+		rl = &revList{}
+		s.rev[hid] = rl
+	}
+	rl.keys = append(rl.keys, ik)
+	rl.live++
+	if len(rl.keys) > 2*rl.live+64 {
+		s.compact(hid, rl)
+	}
+}
+
+// compact drops reverse-list entries whose key no longer holds hid, and duplicates.
+func (s *memShard) compact(hid uint16, rl *revList) {
+	slices.Sort(rl.keys)
+	keys := slices.Compact(rl.keys)
+	out := keys[:0]
+	for _, ik := range keys {
+		si, ok := s.idx[ik]
+		if !ok {
+			continue
+		}
+		for j := range int(s.slots[si].n) {
+			if uint16(s.holderAt(si, j)>>8) == hid {
+				out = append(out, ik)
+				break
+			}
+		}
+	}
+	rl.keys = slices.Clip(out)
+	if cap(rl.keys) > 2*len(rl.keys)+64 {
+		rl.keys = slices.Clone(rl.keys)
+	}
+	rl.live = len(rl.keys)
+}
+
+// sweep expires speculative holds whose deadline has passed (front of the FIFO only; a long TTL at the
+// front delays later ones, which Match still treats as expired). Caller holds the write lock.
+func (s *memShard) sweep(now int64) {
+	i := 0
+	for ; i < len(s.specQ) && s.specQ[i].expires <= now; i++ {
+		it := s.specQ[i]
+		sk := uint64(it.si)<<16 | uint64(it.hid)
+		exp, ok := s.spec[sk]
+		if !ok || exp > now || s.slots[it.si].key != it.ik || s.slots[it.si].n == 0 {
+			continue
+		}
+		s.clearBits(it.si, it.hid, bitSpec)
+	}
+	if i > 0 {
+		s.specQ = s.specQ[i:]
+		if len(s.specQ) == 0 {
+			s.specQ = nil
+		}
+	}
+}
