@@ -25,10 +25,10 @@ type Server struct {
 	// Addr is "127.0.0.1:<port>"; it stays the same across Restart.
 	Addr string
 
-	t       testing.TB
-	bin     string
-	dir     string
-	args    []string
+	t    testing.TB
+	bin  string
+	dir  string
+	args []string
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
