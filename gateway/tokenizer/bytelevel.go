@@ -1,0 +1,99 @@
+package tokenizer
+
+import "unicode/utf8"
+
+// byteToRune is GPT-2's byte-to-unicode table: printable Latin-1 bytes map to themselves, the other 68 bytes
+// to U+0100 onwards in byte order. runeToByte is its inverse.
+var (
+	byteToRune [256]rune
+	runeToByte = map[rune]byte{}
+)
+
+func init() {
+	n := 0
+	for b := 0; b < 256; b++ {
+		printable := (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)
+		if printable {
+			byteToRune[b] = rune(b)
+		} else {
+			byteToRune[b] = rune(256 + n)
+			n++
+		}
+		runeToByte[byteToRune[b]] = byte(b)
+	}
+}
+
+// byteLevelDecode maps a byte-level token string (GPT-2 alphabet) to its raw bytes. A token holding any
+// character outside the alphabet is returned unchanged, as HF's ByteLevel decoder does.
+func byteLevelDecode(tok string) string {
+	buf := make([]byte, 0, len(tok))
+	for _, r := range tok {
+		b, ok := runeToByte[r]
+		if !ok {
+			return tok
+		}
+		buf = append(buf, b)
+	}
+	return string(buf)
+}
+
+// appendLossyUTF8 appends b to dst as valid UTF-8, replacing each maximal ill-formed subpart with U+FFFD the
+// way Rust's String::from_utf8_lossy does (Go's utf8 package would emit one U+FFFD per byte instead).
+func appendLossyUTF8(dst []byte, b []byte) []byte {
+	for i := 0; i < len(b); {
+		c := b[i]
+		if c < utf8.RuneSelf {
+			dst = append(dst, c)
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(b[i:])
+		if r != utf8.RuneError || size > 1 {
+			dst = append(dst, b[i:i+size]...)
+			i += size
+			continue
+		}
+		dst = append(dst, "\uFFFD"...)
+		i += maximalSubpart(b[i:])
+	}
+	return dst
+}
+
+// maximalSubpart returns the length (>= 1) of the ill-formed sequence starting at b[0], per Unicode's
+// "maximal subpart" rule.
+func maximalSubpart(b []byte) int {
+	c := b[0]
+	var need int
+	lo, hi := byte(0x80), byte(0xBF)
+	switch {
+	case c >= 0xC2 && c <= 0xDF:
+		need = 1
+	case c == 0xE0:
+		need, lo = 2, 0xA0
+	case c >= 0xE1 && c <= 0xEC, c == 0xEE, c == 0xEF:
+		need = 2
+	case c == 0xED:
+		need, hi = 2, 0x9F
+	case c == 0xF0:
+		need, lo = 3, 0x90
+	case c >= 0xF1 && c <= 0xF3:
+		need = 3
+	case c == 0xF4:
+		need, hi = 3, 0x8F
+	default:
+		return 1
+	}
+	n := 1
+	for k := 0; k < need && n < len(b); k++ {
+		x := b[n]
+		if k == 0 {
+			if x < lo || x > hi {
+				break
+			}
+		} else if x < 0x80 || x > 0xBF {
+			break
+		}
+		n++
+	}
+	return n
+}

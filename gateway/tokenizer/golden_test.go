@@ -1,0 +1,260 @@
+package tokenizer
+
+import (
+	"bufio"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// referenceModels are the five models whose goldens live in testdata/goldens.
+var referenceModels = []string{"qwen3", "llama3_1", "deepseek_v3", "gemma3", "llama2"}
+
+// repoRoot walks up from the package directory to the directory holding go.mod.
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// modelDir returns the directory of a reference model: $KVGATE_MODELS_DIR/<m> or <repo>/.cache/models/<m>.
+// A missing directory fails the test when CI=true and skips it otherwise.
+func modelDir(t testing.TB, m string) string {
+	t.Helper()
+	base := os.Getenv("KVGATE_MODELS_DIR")
+	if base == "" {
+		base = filepath.Join(repoRoot(t), ".cache", "models")
+	}
+	dir := filepath.Join(base, m)
+	if _, err := os.Stat(dir); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("model %s missing at %s (CI=true): run `make models`", m, dir)
+		}
+		t.Skipf("model %s missing at %s: run `make models` to fetch the reference tokenizers", m, dir)
+	}
+	return dir
+}
+
+var (
+	loadedMu sync.Mutex
+	loaded   = map[string]*Tokenizer{}
+)
+
+// loadModel loads (once per test binary) a reference model.
+func loadModel(t testing.TB, m string) *Tokenizer {
+	t.Helper()
+	dir := modelDir(t, m)
+	loadedMu.Lock()
+	defer loadedMu.Unlock()
+	if tk, ok := loaded[dir]; ok {
+		return tk
+	}
+	tk, err := Load(dir)
+	if err != nil {
+		t.Fatalf("Load(%s): %v", dir, err)
+	}
+	loaded[dir] = tk
+	return tk
+}
+
+type corpusCase struct {
+	Name string `json:"name"`
+	Text string `json:"text"`
+}
+
+type goldenCase struct {
+	Name          string   `json:"name"`
+	IDs           []uint32 `json:"ids"`
+	SpecialPrefix []uint32 `json:"special_prefix"`
+	IDsSpecial    []uint32 `json:"ids_special"`
+	DecodeDiffers bool     `json:"decode_differs"`
+	// bench.txt line
+	Count        int    `json:"count"`
+	CountSpecial int    `json:"count_special"`
+	SHA256       string `json:"sha256"`
+}
+
+func readJSONL[T any](t testing.TB, path string) []T {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []T
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, v)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func readBench(t testing.TB) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", "goldens", "bench.txt.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// checkCases compares Encode (with and without special tokens) and Decode against one golden file.
+func checkCases(t *testing.T, tk *Tokenizer, corpus []corpusCase, golden []goldenCase) {
+	t.Helper()
+	if len(golden) < len(corpus) {
+		t.Fatalf("golden has %d cases, corpus %d", len(golden), len(corpus))
+	}
+	fails := 0
+	for i, c := range corpus {
+		g := golden[i]
+		if g.Name != c.Name {
+			t.Fatalf("case %d: golden %q vs corpus %q", i, g.Name, c.Name)
+		}
+		got := tk.Encode(c.Text, false)
+		if !slices.Equal(got, g.IDs) && !(len(got) == 0 && len(g.IDs) == 0) {
+			fails++
+			if fails <= 5 {
+				t.Errorf("%s: Encode(%q, false)\n got  %v\n want %v", c.Name, trunc(c.Text), got, g.IDs)
+			}
+			continue
+		}
+		want := g.IDsSpecial
+		if want == nil {
+			want = append(slices.Clone(g.SpecialPrefix), g.IDs...)
+		}
+		if got := tk.Encode(c.Text, true); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+			fails++
+			if fails <= 5 {
+				t.Errorf("%s: Encode(%q, true)\n got  %v\n want %v", c.Name, trunc(c.Text), got, want)
+			}
+			continue
+		}
+		if !g.DecodeDiffers {
+			if got := tk.Decode(g.IDs); got != c.Text {
+				fails++
+				if fails <= 5 {
+					t.Errorf("%s: Decode = %q, want %q", c.Name, trunc(got), trunc(c.Text))
+				}
+			}
+		}
+	}
+	if fails > 0 {
+		t.Errorf("%d of %d cases differ", fails, len(corpus))
+	}
+}
+
+func trunc(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "..."
+	}
+	return s
+}
+
+func TestCorpusGoldens(t *testing.T) {
+	corpus := readJSONL[corpusCase](t, filepath.Join("testdata", "goldens", "corpus.jsonl"))
+	if len(corpus) != 81 {
+		t.Fatalf("corpus has %d cases, want 81", len(corpus))
+	}
+	for _, m := range referenceModels {
+		t.Run(m, func(t *testing.T) {
+			tk := loadModel(t, m)
+			checkCases(t, tk, corpus, readJSONL[goldenCase](t, filepath.Join("testdata", "goldens", m+".jsonl")))
+		})
+	}
+}
+
+func TestFuzzGoldens(t *testing.T) {
+	corpus := readJSONL[corpusCase](t, filepath.Join("testdata", "goldens", "fuzz.jsonl"))
+	if len(corpus) != 2000 {
+		t.Fatalf("fuzz corpus has %d cases, want 2000", len(corpus))
+	}
+	for _, m := range referenceModels {
+		t.Run(m, func(t *testing.T) {
+			tk := loadModel(t, m)
+			checkCases(t, tk, corpus, readJSONL[goldenCase](t, filepath.Join("testdata", "goldens", "fuzz-"+m+".jsonl")))
+		})
+	}
+}
+
+// TestBenchGolden checks the 1 MB bench text: token count with and without special tokens and the sha256
+// of the IDs joined by ",".
+func TestBenchGolden(t *testing.T) {
+	bench := readBench(t)
+	for _, m := range referenceModels {
+		t.Run(m, func(t *testing.T) {
+			if testing.Short() && (m == "gemma3" || m == "llama2") {
+				t.Skip("-short: the whole-text BPE of the Metaspace models is slow under -race")
+			}
+			tk := loadModel(t, m)
+			golden := readJSONL[goldenCase](t, filepath.Join("testdata", "goldens", m+".jsonl"))
+			g := golden[len(golden)-1]
+			if g.Name != "bench.txt" {
+				t.Fatalf("last golden line is %q, want bench.txt", g.Name)
+			}
+			ids := tk.Encode(bench, false)
+			if len(ids) != g.Count {
+				t.Errorf("count = %d, want %d", len(ids), g.Count)
+			}
+			if h := idsHash(ids); h != g.SHA256 {
+				t.Errorf("sha256 = %s, want %s", h, g.SHA256)
+			}
+			if n := len(tk.Encode(bench, true)); n != g.CountSpecial {
+				t.Errorf("count with special tokens = %d, want %d", n, g.CountSpecial)
+			}
+		})
+	}
+}
+
+func idsHash(ids []uint32) string {
+	var sb strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(strconv.FormatUint(uint64(id), 10))
+	}
+	h := sha256.Sum256([]byte(sb.String()))
+	return hex.EncodeToString(h[:])
+}
+
+var _ = norm.NFC

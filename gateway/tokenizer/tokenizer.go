@@ -1,0 +1,186 @@
+package tokenizer
+
+import (
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Tokenizer encodes text to token IDs and back exactly like HF tokenizers for one model. Build it with
+// Load or New. All methods are safe for concurrent use.
+type Tokenizer struct {
+	model     *bpe
+	byteLevel bool // vocab is GPT-2 byte-level (kept as raw bytes here)
+	norm      normalizer
+	pre       preTokenizer
+	scanner   *gptScanner // set instead of pre for the Qwen/Llama-3 split
+	dec       decoder
+
+	addedByID      map[uint32]addedToken
+	addedByContent map[string]uint32
+	rawAdded       *matcher // added tokens with normalized=false, matched on the raw text
+	normAdded      *matcher // added tokens with normalized=true, matched on normalized text
+
+	prefix, suffix []uint32 // post-processor IDs around the text when addSpecial is true
+
+	bosToken, eosToken string // from tokenizer_config.json
+
+	cache *wordCache
+}
+
+// Encode returns the token IDs of text. With addSpecial the post-processor's special tokens are added
+// (e.g. Llama's BOS), as HF does with add_special_tokens=true; chat prompts rendered from a template are
+// encoded with addSpecial false because the template already writes them. Invalid UTF-8 is replaced by
+// U+FFFD first.
+func (t *Tokenizer) Encode(text string, addSpecial bool) []uint32 {
+	return t.AppendEncode(make([]uint32, 0, len(text)/3+len(t.prefix)+len(t.suffix)+1), text, addSpecial)
+}
+
+// AppendEncode is Encode appending to dst, for callers that reuse a buffer.
+func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) []uint32 {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	if addSpecial {
+		dst = append(dst, t.prefix...)
+	}
+	e := encoder{t: t, out: dst}
+	t.rawAdded.split(text, e.normalizeText, e.token)
+	if addSpecial {
+		e.out = append(e.out, t.suffix...)
+	}
+	return e.out
+}
+
+// encoder carries the output slice through the callbacks of one Encode call.
+type encoder struct {
+	t   *Tokenizer
+	out []uint32
+}
+
+func (e *encoder) token(id uint32) { e.out = append(e.out, id) }
+
+// normalizeText handles a run of text between raw-matched added tokens.
+func (e *encoder) normalizeText(s string) {
+	if e.t.norm != nil {
+		s = e.t.norm.normalize(s)
+	}
+	if e.t.normAdded != nil {
+		e.t.normAdded.split(s, e.preTokenize, e.token)
+		return
+	}
+	e.preTokenize(s)
+}
+
+func (e *encoder) preTokenize(s string) {
+	t := e.t
+	switch {
+	case t.scanner != nil:
+		for i := 0; i < len(s); {
+			j := t.scanner.next(s, i)
+			e.piece(s[i:j])
+			i = j
+		}
+	case t.pre != nil:
+		t.pre.each(s, e.piece)
+	default:
+		if s != "" {
+			e.piece(s)
+		}
+	}
+}
+
+// piece BPE-encodes one pre-token through the word cache.
+func (e *encoder) piece(w string) {
+	t := e.t
+	if len(w) > maxCachedWord {
+		e.out = t.model.encodeWord(e.out, w, t.byteLevel)
+		return
+	}
+	ids, h, ok := t.cache.get(w)
+	if ok {
+		e.out = append(e.out, ids...)
+		return
+	}
+	start := len(e.out)
+	e.out = t.model.encodeWord(e.out, w, t.byteLevel)
+	t.cache.put(h, strings.Clone(w), slices.Clone(e.out[start:]))
+}
+
+// Decode turns IDs back into text like HF's decode(ids, skip_special_tokens=false): every token, added
+// ones included, goes through the model's decoder chain (Gemma's "▁▁" added tokens decode to spaces).
+// Unknown IDs are skipped.
+func (t *Tokenizer) Decode(ids []uint32) string {
+	toks := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if at, ok := t.addedByID[id]; ok {
+			toks = append(toks, at.decoded)
+			continue
+		}
+		if int(id) < len(t.model.idToTok) {
+			if tok := t.model.idToTok[id]; tok != "" {
+				toks = append(toks, tok)
+			}
+		}
+	}
+	return t.dec.decode(toks)
+}
+
+// TokenID returns the ID of a token: an added (special or not) token's content, or a vocab entry in the
+// file's own spelling (GPT-2 byte-level alphabet for byte-level models, e.g. "Ġthe").
+func (t *Tokenizer) TokenID(tok string) (uint32, bool) {
+	if id, ok := t.addedByContent[tok]; ok {
+		return id, true
+	}
+	key := tok
+	if t.byteLevel {
+		key = byteLevelDecode(tok)
+	}
+	id, ok := t.model.vocab[key]
+	return id, ok
+}
+
+// IsSpecial reports whether id is an added token flagged special.
+func (t *Tokenizer) IsSpecial(id uint32) bool {
+	at, ok := t.addedByID[id]
+	return ok && at.special
+}
+
+// BOS returns the beginning-of-sequence token named by tokenizer_config.json and its ID; ok is false when
+// the config names none or the token is unknown.
+func (t *Tokenizer) BOS() (tok string, id uint32, ok bool) {
+	if t.bosToken == "" {
+		return "", 0, false
+	}
+	id, ok = t.TokenID(t.bosToken)
+	return t.bosToken, id, ok
+}
+
+// EOS returns the end-of-sequence token named by tokenizer_config.json and its ID; ok is false when the
+// config names none or the token is unknown.
+func (t *Tokenizer) EOS() (tok string, id uint32, ok bool) {
+	if t.eosToken == "" {
+		return "", 0, false
+	}
+	id, ok = t.TokenID(t.eosToken)
+	return t.eosToken, id, ok
+}
+
+// SpecialPrefix returns the IDs Encode(text, true) puts before the text (e.g. Llama's BOS); the caller must
+// not modify the slice.
+func (t *Tokenizer) SpecialPrefix() []uint32 { return t.prefix }
+
+// SpecialSuffix returns the IDs Encode(text, true) puts after the text; the caller must not modify it.
+func (t *Tokenizer) SpecialSuffix() []uint32 { return t.suffix }
+
+// VocabSize returns one more than the largest token ID (model vocab and added tokens).
+func (t *Tokenizer) VocabSize() int {
+	n := len(t.model.idToTok)
+	for id := range t.addedByID {
+		n = max(n, int(id)+1)
+	}
+	return n
+}
+
+// ResetCache empties the word cache (benchmarks use it to measure cold encoding).
+func (t *Tokenizer) ResetCache() { t.cache.reset() }
