@@ -1,0 +1,453 @@
+package plugins
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/sdk"
+)
+
+// instance is one instantiated module; it serves one call at a time.
+type instance struct {
+	mod    api.Module
+	choose api.Function
+	init   api.Function
+	mem    api.Memory
+	buf    uint32
+	bufCap uint32
+	stack  []uint64
+	seen   []bool
+	out    *capWriter
+}
+
+// activation is one version with one config for one model: a fixed pool of instances.
+type activation struct {
+	h        *Host
+	model    string
+	ver      *version
+	config   []byte
+	fallback threetier.Config // the native fallback's config (the model's, when the version is three-tier)
+
+	pool    chan *instance
+	retired chan struct{}
+	refs    atomic.Int64 // holders (callers, replacers) + retiredBit once retired
+	retOnce sync.Once
+	finOnce sync.Once
+}
+
+const retiredBit = int64(1) << 40
+
+func (h *Host) newActivation(ctx context.Context, model string, ver *version, config []byte) (*activation, error) {
+	a := &activation{h: h, model: model, ver: ver, config: config, fallback: threetier.DefaultConfig(),
+		pool: make(chan *instance, h.opts.PoolSize), retired: make(chan struct{})}
+	if ver.builtin {
+		c, err := threetier.ParseConfig(config)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInitFailed, err)
+		}
+		a.fallback = c
+	}
+	for i := 0; i < h.opts.PoolSize; i++ {
+		inst, err := h.newInstance(ctx, ver, config)
+		if err != nil {
+			for len(a.pool) > 0 {
+				(<-a.pool).close()
+			}
+			return nil, err
+		}
+		a.pool <- inst
+	}
+	return a, nil
+}
+
+func (h *Host) newInstance(ctx context.Context, ver *version, config []byte) (*instance, error) {
+	out := &capWriter{limit: h.opts.StderrLimitBytes}
+	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions("_initialize").
+		WithSysNanotime().WithStdout(out).WithStderr(out)
+	if !ver.trusted {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, initTimeout)
+		defer cancel()
+	}
+	mod, err := ver.rt.InstantiateModule(ctx, ver.compiled, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: instantiate: %w (%s)", ErrInitFailed, err, out.String())
+	}
+	inst := &instance{mod: mod, choose: mod.ExportedFunction(sdk.ExportChoose), init: mod.ExportedFunction(sdk.ExportInit),
+		mem: mod.Memory(), stack: make([]uint64, 1), out: out}
+	fail := func(err error) (*instance, error) {
+		_ = mod.Close(context.Background())
+		return nil, fmt.Errorf("%w: %w", ErrInitFailed, err)
+	}
+	if inst.choose == nil || inst.init == nil || inst.mem == nil {
+		return fail(errors.New("missing exports"))
+	}
+	ptr, err := mod.ExportedFunction(sdk.ExportBuf).Call(ctx)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", sdk.ExportBuf, err))
+	}
+	capa, err := mod.ExportedFunction(sdk.ExportBufCap).Call(ctx)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", sdk.ExportBufCap, err))
+	}
+	inst.buf, inst.bufCap = uint32(ptr[0]), uint32(capa[0])
+	if inst.bufCap < sdk.HeaderSize+sdk.RecordSize {
+		return fail(fmt.Errorf("buffer of %d bytes is too small", inst.bufCap))
+	}
+	if _, ok := inst.mem.Read(inst.buf, inst.bufCap); !ok {
+		return fail(fmt.Errorf("buffer [%d,+%d) is outside memory", inst.buf, inst.bufCap))
+	}
+	if uint64(len(config)) > uint64(inst.bufCap) {
+		return fail(fmt.Errorf("config of %d bytes exceeds the %d-byte buffer", len(config), inst.bufCap))
+	}
+	inst.mem.Write(inst.buf, config)
+	inst.stack[0] = api.EncodeI32(int32(len(config)))
+	if err := inst.init.CallWithStack(ctx, inst.stack); err != nil {
+		return fail(fmt.Errorf("%s: %w (%s)", sdk.ExportInit, err, out.String()))
+	}
+	if code := api.DecodeI32(inst.stack[0]); code != 0 {
+		return fail(fmt.Errorf("%s returned %d", sdk.ExportInit, code))
+	}
+	return inst, nil
+}
+
+// initTimeout bounds instantiation plus init of an uploaded module (a Go runtime start takes ~3 ms).
+const initTimeout = 2 * time.Second
+
+func (i *instance) close() { _ = i.mod.Close(context.Background()) }
+
+// acquire takes an instance, or returns nil when the activation was retired or done fired.
+func (a *activation) acquire(done <-chan struct{}) (*instance, bool) {
+	if a.refs.Add(1)&retiredBit != 0 {
+		a.release(nil)
+		return nil, true
+	}
+	select {
+	case inst := <-a.pool:
+		return inst, false
+	case <-a.retired:
+		a.release(nil)
+		return nil, true
+	case <-done:
+		a.release(nil)
+		return nil, false
+	}
+}
+
+// release puts inst back (nil: nothing to put back) and drops the caller's reference.
+func (a *activation) release(inst *instance) {
+	if inst != nil {
+		a.pool <- inst
+	}
+	if a.refs.Add(-1) == retiredBit {
+		a.finish()
+	}
+}
+
+// retire stops new calls; the pool is closed when the last holder leaves.
+func (a *activation) retire() {
+	a.retOnce.Do(func() {
+		close(a.retired)
+		if a.refs.Add(retiredBit) == retiredBit {
+			a.finish()
+		}
+	})
+}
+
+func (a *activation) finish() {
+	a.finOnce.Do(func() {
+		for {
+			select {
+			case inst := <-a.pool:
+				inst.close()
+			default:
+				return
+			}
+		}
+	})
+}
+
+// replace discards a broken instance and builds a new one in the background.
+func (a *activation) replace(inst *instance) {
+	inst.close()
+	a.h.replaced.Add(1)
+	if a.refs.Add(1)&retiredBit != 0 {
+		a.release(nil)
+		return
+	}
+	go func() {
+		n, err := a.h.newInstance(context.Background(), a.ver, a.config)
+		if err != nil {
+			a.h.log.LogAttrs(context.Background(), slog.LevelError, "policy instance replacement failed",
+				slog.String(attrPolicy, string(a.ver.v)), slog.String("error", err.Error()))
+			a.release(nil)
+			if !a.ver.trusted {
+				a.h.disable(a.ver)
+			}
+			return
+		}
+		a.release(n)
+	}()
+}
+
+// Rank returns the ranking of s's endpoints (indices into s.Endpoints, best first) by model's active
+// policy. It never fails: on guest trouble it returns the native three-tier ranking and says why in
+// RankInfo. It sets s.Endpoints[i].Index = i. With no healthy endpoint the ranking is empty.
+func (h *Host) Rank(ctx context.Context, model string, s *Snapshot) ([]int, RankInfo) {
+	for i := range s.Endpoints {
+		s.Endpoints[i].Index = uint32(i)
+	}
+	h.calls.Add(1)
+	var info RankInfo
+	for attempt := 0; attempt < 4; attempt++ {
+		a := h.current(model)
+		info = RankInfo{Version: a.ver.v}
+		if h.closed.Load() {
+			info.Reason = ReasonClosed
+			break
+		}
+		out, reason, code, retry := a.call(ctx, s)
+		if retry {
+			continue
+		}
+		if reason == ReasonNone {
+			return out, info
+		}
+		info.Reason, info.Code = reason, code
+		break
+	}
+	if info.Reason == ReasonNone { // retired on every attempt (swap storm)
+		info.Reason = ReasonClosed
+	}
+	info.Fallback = true
+	h.fallbacks[info.Reason].Add(1)
+	h.logFallback(ctx, model, info)
+	return h.fallbackRank(model, s), info
+}
+
+// FallbackRank is the native three-tier ranking Rank falls back to, with the config of model's active
+// three-tier activation (else the defaults).
+func (h *Host) fallbackRank(model string, s *Snapshot) []int {
+	cfg := h.current(model).fallback
+	r := threetier.Ranker{Config: cfg}
+	idx, _ := r.Rank(s, make([]uint32, 0, len(s.Endpoints)))
+	out := make([]int, len(idx))
+	for i, v := range idx {
+		out[i] = int(v)
+	}
+	return out
+}
+
+func (h *Host) logFallback(ctx context.Context, model string, info RankInfo) {
+	now := time.Now().UnixNano()
+	last := h.logLast.Load()
+	if now-last < int64(h.opts.LogBurstInterval) || !h.logLast.CompareAndSwap(last, now) {
+		h.logSuppressed.Add(1)
+		return
+	}
+	h.log.LogAttrs(ctx, slog.LevelWarn, "policy fell back to native three-tier",
+		slog.String(attrModel, model), slog.String(attrPolicy, string(info.Version)),
+		slog.String("reason", info.Reason.String()), slog.Int("code", int(info.Code)),
+		slog.Uint64("suppressed", h.logSuppressed.Swap(0)))
+}
+
+// call runs the guest once. retry means the activation was retired before the call started.
+func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason Reason, code int32, retry bool) {
+	h := a.h
+	if a.ver.trusted {
+		inst, retired := a.acquire(nil)
+		if inst == nil {
+			return nil, ReasonNone, 0, retired
+		}
+		out, reason, code, broken := inst.run(ctx, s)
+		if broken {
+			a.replace(inst)
+			a.release(nil)
+		} else {
+			a.release(inst)
+		}
+		return out, reason, code, false
+	}
+	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
+		return nil, ReasonAbandonLimit, 0, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.opts.CallTimeout)
+	defer cancel()
+	inst, retired := a.acquire(cctx.Done())
+	if inst == nil {
+		if retired {
+			return nil, ReasonNone, 0, true
+		}
+		return nil, ReasonTimeout, 0, false
+	}
+	type result struct {
+		out    []int
+		reason Reason
+		code   int32
+		broken bool
+	}
+	done := make(chan result, 1)
+	var state atomicState
+	go func() {
+		out, reason, code, broken := inst.run(cctx, s)
+		if state.finish() {
+			done <- result{out, reason, code, broken}
+			return
+		}
+		// Abandoned: the caller has gone; this instance is never reused.
+		inst.close()
+		h.abandonedNano.Add(int64(time.Since(abandonedAt(cctx))))
+		h.abandoned.Add(-1)
+		a.release(nil)
+	}()
+	select {
+	case r := <-done:
+		if r.reason == ReasonTimeout {
+			// wazero closed the module at the deadline (a loop it could interrupt).
+			inst.close()
+			h.replaced.Add(1)
+			a.release(nil)
+			h.disable(a.ver)
+			return nil, ReasonTimeout, 0, false
+		}
+		if r.broken {
+			a.replace(inst)
+			a.release(nil)
+		} else {
+			a.release(inst)
+		}
+		return r.out, r.reason, r.code, false
+	case <-cctx.Done():
+		if state.abandon() {
+			h.abandoned.Add(1)
+			h.abandonedN.Add(1)
+			h.disable(a.ver)
+			return nil, ReasonTimeout, 0, false
+		}
+		r := <-done // finished just in time
+		if r.broken || r.reason == ReasonTimeout {
+			a.replace(inst)
+			a.release(nil)
+			if r.reason == ReasonTimeout {
+				h.disable(a.ver)
+			}
+		} else {
+			a.release(inst)
+		}
+		return r.out, r.reason, r.code, false
+	}
+}
+
+// abandonedAt is the deadline of the call context (when the caller stopped waiting).
+func abandonedAt(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Now()
+	}
+	return d
+}
+
+// run encodes s, calls choose and checks the ranking. broken means the instance must be discarded.
+func (i *instance) run(ctx context.Context, s *Snapshot) (out []int, reason Reason, code int32, broken bool) {
+	n := len(s.Endpoints)
+	need := sdk.EncodedSize(n)
+	if need > int(i.bufCap) || 4*n > int(i.bufCap) {
+		return nil, ReasonTooLarge, 0, false
+	}
+	view, ok := i.mem.Read(i.buf, uint32(need))
+	if !ok {
+		return nil, ReasonTrap, 0, true
+	}
+	if _, err := sdk.EncodeSnapshot(view, s); err != nil {
+		return nil, ReasonTooLarge, 0, false
+	}
+	i.stack[0] = api.EncodeI32(int32(need))
+	if err := i.choose.CallWithStack(ctx, i.stack); err != nil {
+		var ee *sys.ExitError
+		if errors.As(err, &ee) && (ee.ExitCode() == sys.ExitCodeDeadlineExceeded || ee.ExitCode() == sys.ExitCodeContextCanceled) {
+			return nil, ReasonTimeout, 0, true
+		}
+		return nil, ReasonTrap, 0, true
+	}
+	count := api.DecodeI32(i.stack[0])
+	if count < 0 {
+		return nil, ReasonGuestError, count, false
+	}
+	if int(count) > n {
+		return nil, ReasonInvalid, count, false
+	}
+	res, ok := i.mem.Read(i.buf, uint32(4*count)) // re-read: the call may have grown memory
+	if !ok {
+		return nil, ReasonTrap, 0, true
+	}
+	if cap(i.seen) < n {
+		i.seen = make([]bool, n)
+	}
+	seen := i.seen[:n]
+	clear(seen)
+	out = make([]int, count)
+	for k := range out {
+		v := binary.LittleEndian.Uint32(res[4*k:])
+		if v >= uint32(n) || seen[v] {
+			return nil, ReasonInvalid, 0, false
+		}
+		seen[v] = true
+		out[k] = int(v)
+	}
+	if count == 0 {
+		for k := range s.Endpoints {
+			if s.Endpoints[k].Healthy() {
+				return nil, ReasonInvalid, 0, false
+			}
+		}
+	}
+	return out, ReasonNone, 0, false
+}
+
+// capWriter keeps the first limit bytes written (guest stdout/stderr) and drops the rest.
+type capWriter struct {
+	mu      sync.Mutex
+	limit   int
+	buf     []byte
+	dropped int
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	room := w.limit - len(w.buf)
+	if room > len(p) {
+		room = len(p)
+	}
+	if room > 0 {
+		w.buf = append(w.buf, p[:room]...)
+	}
+	w.dropped += len(p) - max(room, 0)
+	return len(p), nil
+}
+
+func (w *capWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.buf)
+}
+
+// atomicState settles the race between a call finishing and its caller giving up at the deadline.
+type atomicState struct{ v atomic.Int32 }
+
+// finish reports whether the call finished before the caller gave up.
+func (s *atomicState) finish() bool { return s.v.CompareAndSwap(0, 1) }
+
+// abandon reports whether the caller gave up before the call finished.
+func (s *atomicState) abandon() bool { return s.v.CompareAndSwap(0, 2) }

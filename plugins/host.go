@@ -1,0 +1,501 @@
+package plugins
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/kvgate/kvgate/sdk"
+)
+
+// Snapshot is the input of one routing decision; it is the SDK's type, so the layout has one definition
+// (plugins/ABI.md). Rank sets every Endpoints[i].Index to i.
+type Snapshot = sdk.Snapshot
+
+// RequestInfo is the per-request part of a Snapshot.
+type RequestInfo = sdk.Request
+
+// EndpointInfo is one candidate endpoint of a Snapshot.
+type EndpointInfo = sdk.Endpoint
+
+// Version names one loaded module: its name, "@", and the lowercase hex sha256 of its bytes.
+type Version string
+
+// Options configure a Host. The zero value gives the documented defaults.
+type Options struct {
+	// PoolSize is the number of instances per activation (concurrent calls per model). Default
+	// GOMAXPROCS, at least 2. Each Go instance holds about 2.5 MiB.
+	PoolSize int
+	// CallTimeout is the per-call deadline of uploaded modules, and of each validation sample.
+	// Default 5ms. The trusted built-in runs without one.
+	CallTimeout time.Duration
+	// MemoryLimitPages caps each instance's linear memory in 64 KiB pages. Default 512 (32 MiB).
+	MemoryLimitPages uint32
+	// CacheDir, if set, is wazero's on-disk compilation cache (compiled code survives restarts).
+	CacheDir string
+	// MaxAbandoned caps uploaded-module calls that missed their deadline and are still running on their
+	// goroutine. While the cap is reached, uploaded modules are not called (fallback "abandon_limit").
+	// Default 4.
+	MaxAbandoned int
+	// StderrLimitBytes is how much guest stdout+stderr is kept per instance. Default 4096.
+	StderrLimitBytes int
+	// LogBurstInterval: fallbacks are logged once, then at most once per interval with a count of those
+	// not logged. Default 10s.
+	LogBurstInterval time.Duration
+	// Logger receives lifecycle (Info) and fallback (Warn) records. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.PoolSize <= 0 {
+		o.PoolSize = max(2, runtime.GOMAXPROCS(0))
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = 5 * time.Millisecond
+	}
+	if o.MemoryLimitPages == 0 {
+		o.MemoryLimitPages = 512
+	}
+	if o.MaxAbandoned <= 0 {
+		o.MaxAbandoned = 4
+	}
+	if o.StderrLimitBytes <= 0 {
+		o.StderrLimitBytes = 4096
+	}
+	if o.LogBurstInterval <= 0 {
+		o.LogBurstInterval = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Reason says why Rank used the native fallback ranking ("" when the policy answered).
+type Reason uint8
+
+// Fallback reasons; they are the "reason" label of kvgate_policy_fallbacks_total.
+const (
+	ReasonNone         Reason = iota
+	ReasonTrap                // the guest trapped (panic outside the SDK, unreachable, out of memory...)
+	ReasonTimeout             // the call missed its deadline (the version is disabled)
+	ReasonGuestError          // the guest returned a negative error code
+	ReasonInvalid             // the ranking had an out-of-range or duplicate index, or was empty
+	ReasonTooLarge            // more endpoints than the guest's buffer holds
+	ReasonAbandonLimit        // too many abandoned calls still running; uploaded modules are skipped
+	ReasonClosed              // the host is closed
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"", "trap", "timeout", "guest_error", "invalid_ranking", "too_large", "abandon_limit", "closed"}
+
+// String returns the metric label of r.
+func (r Reason) String() string {
+	if r < numReasons {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// RankInfo describes how one ranking was made.
+type RankInfo struct {
+	Version  Version // the policy version that was asked (the built-in when the model has none active)
+	Fallback bool    // true when the ranking is the native three-tier fallback
+	Reason   Reason  // why it fell back
+	Code     int32   // the guest's error code for ReasonGuestError
+}
+
+// Host loads, validates, activates and calls routing policies. Create it with New; Close releases it.
+type Host struct {
+	opts      Options
+	log       *slog.Logger
+	cache     wazero.CompilationCache
+	trusted   wazero.Runtime // built-in: no interruption (its cost is ~25 ns per loop iteration)
+	untrusted wazero.Runtime // uploaded: WithCloseOnContextDone(true)
+
+	builtin    *activation // the default for models without an activation
+	builtinVer Version
+
+	mu       sync.Mutex // guards versions, models writes, activation changes
+	versions map[Version]*version
+	models   atomic.Pointer[map[string]*modelState]
+	closed   atomic.Bool
+
+	fallbacks     [numReasons]atomic.Uint64
+	calls         atomic.Uint64
+	swaps         atomic.Uint64
+	abandoned     atomic.Int64  // abandoned calls still running
+	abandonedN    atomic.Uint64 // abandoned calls in total
+	abandonedNano atomic.Int64  // time abandoned calls kept running past their deadline (when they ended)
+	replaced      atomic.Uint64 // instances discarded after a trap or timeout and replaced
+
+	logLast       atomic.Int64 // unix nanos of the last fallback log record
+	logSuppressed atomic.Uint64
+}
+
+type version struct {
+	v        Version
+	name     string
+	sha      string
+	size     int
+	trusted  bool
+	compiled wazero.CompiledModule
+	rt       wazero.Runtime
+	report   *ValidationReport
+	loadedAt time.Time
+	disabled atomic.Bool
+	builtin  bool
+}
+
+type modelState struct {
+	active atomic.Pointer[activation] // nil: the built-in default serves
+	prev   *activation                // kept warm for Rollback and timeout deactivation; guarded by Host.mu
+	older  []savedActivation          // earlier (version, config) pairs, rebuilt on demand; guarded by Host.mu
+}
+
+type savedActivation struct {
+	ver    *version
+	config []byte
+}
+
+// New starts a host and compiles the embedded built-in policy (about 0.6 s cold; a few ms from a warm
+// CacheDir). ctx bounds the start-up only.
+func New(ctx context.Context, opts Options) (*Host, error) {
+	opts = opts.withDefaults()
+	h := &Host{opts: opts, log: opts.Logger, versions: map[Version]*version{}}
+	empty := map[string]*modelState{}
+	h.models.Store(&empty)
+	if opts.CacheDir != "" {
+		c, err := wazero.NewCompilationCacheWithDir(opts.CacheDir)
+		if err != nil {
+			return nil, fmt.Errorf("plugins: compilation cache %s: %w", opts.CacheDir, err)
+		}
+		h.cache = c
+	} else {
+		h.cache = wazero.NewCompilationCache()
+	}
+	base := wazero.NewRuntimeConfigCompiler().WithCompilationCache(h.cache).WithMemoryLimitPages(opts.MemoryLimitPages)
+	h.trusted = wazero.NewRuntimeWithConfig(ctx, base)
+	h.untrusted = wazero.NewRuntimeWithConfig(ctx, base.WithCloseOnContextDone(true))
+	for _, rt := range []wazero.Runtime{h.trusted, h.untrusted} {
+		if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+			h.closeRuntimes()
+			return nil, fmt.Errorf("plugins: instantiate WASI: %w", err)
+		}
+	}
+	ver, rep, err := h.load(ctx, BuiltinName, BuiltinWasm, true)
+	if err != nil {
+		h.closeRuntimes()
+		return nil, fmt.Errorf("plugins: built-in policy: %w (%v)", err, rep.Problems)
+	}
+	a, err := h.newActivation(ctx, "", ver, nil)
+	if err != nil {
+		h.closeRuntimes()
+		return nil, fmt.Errorf("plugins: built-in policy: %w", err)
+	}
+	h.builtin, h.builtinVer = a, ver.v
+	h.log.LogAttrs(ctx, slog.LevelInfo, "policy host started", slog.String(attrPolicy, string(ver.v)),
+		slog.Int("pool_size", opts.PoolSize), slog.Duration("call_timeout", opts.CallTimeout))
+	return h, nil
+}
+
+const (
+	attrPolicy = "policy"
+	attrModel  = "model"
+)
+
+func (h *Host) closeRuntimes() {
+	ctx := context.Background()
+	_ = h.trusted.Close(ctx)
+	_ = h.untrusted.Close(ctx)
+}
+
+// BuiltinVersion returns the Version of the embedded three-tier module.
+func (h *Host) BuiltinVersion() Version { return h.builtinVer }
+
+// Load compiles and validates a module and keeps it under Version name@sha256. Loading the same bytes
+// under the same name again returns the existing version and its report. A rejected module gives a
+// *ValidationError (errors.Is ErrInvalidModule) together with its report; bad names give ErrBadName.
+func (h *Host) Load(name string, wasm []byte) (Version, ValidationReport, error) {
+	if h.closed.Load() {
+		return "", ValidationReport{}, ErrClosed
+	}
+	if err := checkName(name); err != nil {
+		return "", ValidationReport{}, err
+	}
+	ver, rep, err := h.load(context.Background(), name, wasm, false)
+	if err != nil {
+		return rep.Version, *rep, err
+	}
+	return ver.v, *rep, nil
+}
+
+func checkName(name string) error {
+	if name == "" || len(name) > 64 {
+		return fmt.Errorf("%w: %q", ErrBadName, name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q", ErrBadName, name)
+		}
+	}
+	return nil
+}
+
+// VersionOf returns the Version that Load would give wasm under name.
+func VersionOf(name string, wasm []byte) Version {
+	sum := sha256.Sum256(wasm)
+	return Version(name + "@" + hex.EncodeToString(sum[:]))
+}
+
+func (h *Host) load(ctx context.Context, name string, wasm []byte, trusted bool) (*version, *ValidationReport, error) {
+	v := VersionOf(name, wasm)
+	h.mu.Lock()
+	if old, ok := h.versions[v]; ok {
+		h.mu.Unlock()
+		return old, old.report, nil
+	}
+	h.mu.Unlock()
+	rt := h.untrusted
+	if trusted {
+		rt = h.trusted
+	}
+	ver := &version{v: v, name: name, sha: string(v[len(name)+1:]), size: len(wasm), trusted: trusted, rt: rt,
+		loadedAt: time.Now(), builtin: trusted}
+	rep := h.validate(ctx, ver, wasm)
+	ver.report = rep
+	if !rep.OK() {
+		if ver.compiled != nil {
+			_ = ver.compiled.Close(ctx)
+		}
+		return nil, rep, &ValidationError{Report: rep}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if old, ok := h.versions[v]; ok { // a concurrent Load of the same bytes won
+		_ = ver.compiled.Close(ctx)
+		return old, old.report, nil
+	}
+	h.versions[v] = ver
+	h.log.LogAttrs(ctx, slog.LevelInfo, "policy loaded", slog.String(attrPolicy, string(v)),
+		slog.Int("size_bytes", len(wasm)), slog.Duration("compile", rep.CompileTime))
+	return ver, rep, nil
+}
+
+// Activate makes version v, initialised with configJSON, the policy of model: it builds a pool of
+// instances (each runs the guest's init with the config), then swaps it in. Calls in flight finish on
+// the previous activation, which is kept warm for Rollback; the one before that is closed once drained.
+func (h *Host) Activate(model string, v Version, configJSON []byte) error {
+	if h.closed.Load() {
+		return ErrClosed
+	}
+	if model == "" {
+		return fmt.Errorf("%w: empty model", ErrBadName)
+	}
+	h.mu.Lock()
+	ver, ok := h.versions[v]
+	h.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("plugins: activate %s for %s: %w", v, model, ErrUnknownVersion)
+	}
+	if ver.disabled.Load() {
+		return fmt.Errorf("plugins: activate %s for %s: %w", v, model, ErrVersionDisabled)
+	}
+	a, err := h.newActivation(context.Background(), model, ver, slices.Clone(configJSON))
+	if err != nil {
+		return fmt.Errorf("plugins: activate %s for %s: %w", v, model, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.stateLocked(model)
+	old := st.active.Swap(a)
+	h.swaps.Add(1)
+	if old != nil {
+		if st.prev != nil {
+			st.older = append(st.older, savedActivation{ver: st.prev.ver, config: st.prev.config})
+			st.prev.retire()
+		}
+		st.prev = old
+	}
+	h.log.LogAttrs(context.Background(), slog.LevelInfo, "policy activated", slog.String(attrModel, model),
+		slog.String(attrPolicy, string(v)))
+	return nil
+}
+
+// Rollback makes model's previous activation active again (the current one is closed once drained).
+// With no previous activation the model goes back to the built-in default; with none active at all it
+// returns ErrNoPrevious.
+func (h *Host) Rollback(model string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := (*h.models.Load())[model]
+	if st == nil || st.active.Load() == nil {
+		return fmt.Errorf("plugins: rollback %s: %w", model, ErrNoPrevious)
+	}
+	h.rollbackLocked(model, st, st.active.Load())
+	return nil
+}
+
+// rollbackLocked replaces cur (if it is still active) by the previous activation and retires cur.
+func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
+	if st.active.Load() != cur {
+		return
+	}
+	next := st.prev
+	st.prev = nil
+	st.active.Store(next)
+	h.swaps.Add(1)
+	cur.retire()
+	// Re-warm the one before, off the request path, so a second rollback is also instant.
+	if n := len(st.older); n > 0 {
+		saved := st.older[n-1]
+		st.older = st.older[:n-1]
+		if !saved.ver.disabled.Load() {
+			go func() {
+				a, err := h.newActivation(context.Background(), model, saved.ver, saved.config)
+				if err != nil {
+					return
+				}
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				if st.prev == nil && !h.closed.Load() {
+					st.prev = a
+				} else {
+					a.retire()
+				}
+			}()
+		}
+	}
+	to := string(h.builtinVer)
+	if next != nil {
+		to = string(next.ver.v)
+	}
+	h.log.LogAttrs(context.Background(), slog.LevelInfo, "policy rolled back", slog.String(attrModel, model),
+		slog.String("from", string(cur.ver.v)), slog.String("to", to))
+}
+
+func (h *Host) stateLocked(model string) *modelState {
+	m := *h.models.Load()
+	if st, ok := m[model]; ok {
+		return st
+	}
+	nm := make(map[string]*modelState, len(m)+1)
+	for k, v := range m {
+		nm[k] = v
+	}
+	st := &modelState{}
+	nm[model] = st
+	h.models.Store(&nm)
+	return st
+}
+
+// disable marks ver unusable and rolls back every model it is active for (called at a missed deadline).
+func (h *Host) disable(ver *version) {
+	if ver.trusted || !ver.disabled.CompareAndSwap(false, true) {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for model, st := range *h.models.Load() {
+		if st.prev != nil && st.prev.ver == ver {
+			st.prev.retire()
+			st.prev = nil
+		}
+		if cur := st.active.Load(); cur != nil && cur.ver == ver {
+			h.rollbackLocked(model, st, cur)
+		}
+	}
+	h.log.LogAttrs(context.Background(), slog.LevelWarn, "policy disabled after a missed deadline",
+		slog.String(attrPolicy, string(ver.v)))
+}
+
+// VersionInfo describes one loaded version.
+type VersionInfo struct {
+	Version   Version
+	Name      string
+	SHA256    string
+	SizeBytes int
+	Builtin   bool      // the embedded three-tier module (trusted: runs without interruption)
+	Disabled  bool      // disabled after a missed deadline
+	ActiveFor []string  // models it is active for, sorted
+	LoadedAt  time.Time // when Load accepted it
+}
+
+// Versions lists every loaded version, sorted by Version.
+func (h *Host) Versions() []VersionInfo {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	active := map[*version][]string{}
+	for model, st := range *h.models.Load() {
+		if a := st.active.Load(); a != nil {
+			active[a.ver] = append(active[a.ver], model)
+		}
+	}
+	out := make([]VersionInfo, 0, len(h.versions))
+	for _, v := range h.versions {
+		models := active[v]
+		slices.Sort(models)
+		out = append(out, VersionInfo{Version: v.v, Name: v.name, SHA256: v.sha, SizeBytes: v.size,
+			Builtin: v.builtin, Disabled: v.disabled.Load(), ActiveFor: models, LoadedAt: v.loadedAt})
+	}
+	slices.SortFunc(out, func(a, b VersionInfo) int {
+		if a.Version < b.Version {
+			return -1
+		}
+		if a.Version > b.Version {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Active returns the version serving model and its config (the built-in with a nil config when the
+// model has no activation).
+func (h *Host) Active(model string) (Version, []byte) {
+	a := h.current(model)
+	return a.ver.v, slices.Clone(a.config)
+}
+
+func (h *Host) current(model string) *activation {
+	if st := (*h.models.Load())[model]; st != nil {
+		if a := st.active.Load(); a != nil {
+			return a
+		}
+	}
+	return h.builtin
+}
+
+// Close retires every activation and closes the runtimes. Abandoned calls may still be running; their
+// instances are closed with the runtime.
+func (h *Host) Close(ctx context.Context) error {
+	if !h.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	h.mu.Lock()
+	for _, st := range *h.models.Load() {
+		if a := st.active.Swap(nil); a != nil {
+			a.retire()
+		}
+		if st.prev != nil {
+			st.prev.retire()
+			st.prev = nil
+		}
+	}
+	h.mu.Unlock()
+	h.builtin.retire()
+	err := errors.Join(h.trusted.Close(ctx), h.untrusted.Close(ctx))
+	return err
+}

@@ -1,0 +1,290 @@
+package plugins
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/kvgate/kvgate/sdk"
+)
+
+// AllowedImports are the only imports a module may have: the WASI preview 1 functions Go's wasip1
+// runtime links (measured with wasm-objdump on a Go 1.27 c-shared reactor). None of them reaches a file,
+// socket or sleep here: the host mounts no filesystem, and wazero's WASI has no sockets.
+var AllowedImports = []string{
+	"wasi_snapshot_preview1.args_get",
+	"wasi_snapshot_preview1.args_sizes_get",
+	"wasi_snapshot_preview1.clock_time_get",
+	"wasi_snapshot_preview1.environ_get",
+	"wasi_snapshot_preview1.environ_sizes_get",
+	"wasi_snapshot_preview1.fd_close",
+	"wasi_snapshot_preview1.fd_fdstat_get",
+	"wasi_snapshot_preview1.fd_fdstat_set_flags",
+	"wasi_snapshot_preview1.fd_prestat_dir_name",
+	"wasi_snapshot_preview1.fd_prestat_get",
+	"wasi_snapshot_preview1.fd_write",
+	"wasi_snapshot_preview1.poll_oneoff",
+	"wasi_snapshot_preview1.proc_exit",
+	"wasi_snapshot_preview1.random_get",
+	"wasi_snapshot_preview1.sched_yield",
+}
+
+// ValidationReport is what Load found out about a module.
+type ValidationReport struct {
+	Version     Version
+	SizeBytes   int
+	CompileTime time.Duration
+	ABIMinor    int32    // the guest's minor ABI version (-1 if unknown)
+	BufferCap   uint32   // bytes in the guest's buffer
+	Imports     []string // "module.name", sorted
+	Exports     []string // exported function names, sorted
+	Samples     []SampleResult
+	Problems    []string // empty when the module was accepted
+}
+
+// SampleResult is one sample snapshot's outcome during validation.
+type SampleResult struct {
+	Name      string
+	Endpoints int
+	Ranking   []int
+	Duration  time.Duration
+	Problem   string // empty when the answer was a valid ranking within the deadline
+}
+
+// OK reports whether the module was accepted.
+func (r *ValidationReport) OK() bool { return len(r.Problems) == 0 }
+
+// String renders the report for humans (kvgate policy validate).
+func (r *ValidationReport) String() string {
+	var b strings.Builder
+	status := "ACCEPTED"
+	if !r.OK() {
+		status = "REJECTED"
+	}
+	fmt.Fprintf(&b, "%s %s\n", status, r.Version)
+	fmt.Fprintf(&b, "size: %d bytes, compile: %s, ABI: v%d.%d, buffer: %d bytes\n", r.SizeBytes,
+		r.CompileTime.Round(time.Microsecond), sdk.ABIMajor, r.ABIMinor, r.BufferCap)
+	fmt.Fprintf(&b, "imports (%d): %s\n", len(r.Imports), strings.Join(r.Imports, ", "))
+	fmt.Fprintf(&b, "exports (%d): %s\n", len(r.Exports), strings.Join(r.Exports, ", "))
+	for _, s := range r.Samples {
+		res := fmt.Sprint(s.Ranking)
+		if s.Problem != "" {
+			res = "PROBLEM: " + s.Problem
+		}
+		fmt.Fprintf(&b, "sample %-28s %3d endpoints %10s  %s\n", s.Name, s.Endpoints, s.Duration.Round(time.Microsecond), res)
+	}
+	for _, p := range r.Problems {
+		fmt.Fprintf(&b, "problem: %s\n", p)
+	}
+	return b.String()
+}
+
+type sig struct {
+	params, results []api.ValueType
+}
+
+var requiredExports = map[string]sig{
+	sdk.ExportMarker: {nil, nil},
+	sdk.ExportMinor:  {nil, []api.ValueType{api.ValueTypeI32}},
+	sdk.ExportBuf:    {nil, []api.ValueType{api.ValueTypeI32}},
+	sdk.ExportBufCap: {nil, []api.ValueType{api.ValueTypeI32}},
+	sdk.ExportInit:   {[]api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}},
+	sdk.ExportChoose: {[]api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}},
+}
+
+func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *ValidationReport {
+	rep := &ValidationReport{Version: ver.v, SizeBytes: len(wasm), ABIMinor: -1}
+	problem := func(format string, args ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, args...)) }
+	start := time.Now()
+	compiled, err := ver.rt.CompileModule(ctx, wasm)
+	rep.CompileTime = time.Since(start)
+	if err != nil {
+		problem("compile: %v", err)
+		return rep
+	}
+	ver.compiled = compiled
+	for _, f := range compiled.ImportedFunctions() {
+		mod, name, _ := f.Import()
+		full := mod + "." + name
+		rep.Imports = append(rep.Imports, full)
+		if !slices.Contains(AllowedImports, full) {
+			problem("import %s is not allowed", full)
+		}
+	}
+	for _, m := range compiled.ImportedMemories() {
+		mod, name, _ := m.Import()
+		problem("memory import %s.%s is not allowed (the module must export its memory)", mod, name)
+	}
+	slices.Sort(rep.Imports)
+	exports := compiled.ExportedFunctions()
+	for name := range exports {
+		rep.Exports = append(rep.Exports, name)
+	}
+	slices.Sort(rep.Exports)
+	for _, name := range sortedKeys(requiredExports) {
+		want := requiredExports[name]
+		f, ok := exports[name]
+		if !ok {
+			problem("missing export %s", name)
+			continue
+		}
+		if !slices.Equal(f.ParamTypes(), want.params) || !slices.Equal(f.ResultTypes(), want.results) {
+			problem("export %s has signature %s, want %s", name, sigString(f.ParamTypes(), f.ResultTypes()),
+				sigString(want.params, want.results))
+		}
+	}
+	if _, ok := compiled.ExportedMemories()[sdk.ExportMemory]; !ok {
+		problem("missing memory export %q", sdk.ExportMemory)
+	}
+	if len(rep.Problems) > 0 {
+		return rep
+	}
+	inst, err := h.newInstance(ctx, ver, nil)
+	if err != nil {
+		problem("instantiate with an empty config: %v", err)
+		return rep
+	}
+	defer func() {
+		if inst != nil {
+			inst.close()
+		}
+	}()
+	rep.BufferCap = inst.bufCap
+	mctx, cancel := context.WithTimeout(ctx, initTimeout)
+	minor, err := inst.mod.ExportedFunction(sdk.ExportMinor).Call(mctx)
+	cancel()
+	if err != nil {
+		problem("%s: %v", sdk.ExportMinor, err)
+		return rep
+	}
+	rep.ABIMinor = api.DecodeI32(minor[0])
+	if rep.ABIMinor < 0 || rep.ABIMinor > sdk.ABIMinor {
+		problem("guest ABI v%d.%d is newer than the host's v%d.%d", sdk.ABIMajor, rep.ABIMinor, sdk.ABIMajor, sdk.ABIMinor)
+		return rep
+	}
+	// Sample snapshots, each under the call deadline. A miss gives up on the instance (it may still be
+	// running: it is abandoned like a live call and counted).
+	for _, smp := range SampleSnapshots() {
+		res := SampleResult{Name: smp.Name, Endpoints: len(smp.Snapshot.Endpoints)}
+		s := smp.Snapshot
+		s.Endpoints = slices.Clone(s.Endpoints)
+		t0 := time.Now()
+		out, reason, code := h.sampleCall(ctx, ver, inst, &s)
+		res.Duration = time.Since(t0)
+		switch reason {
+		case ReasonNone:
+			res.Ranking = out
+			if want := healthyCount(&s); want > 0 && len(out) == 0 {
+				res.Problem = "empty ranking with healthy endpoints"
+			}
+		case ReasonGuestError:
+			res.Problem = fmt.Sprintf("guest error code %d", code)
+		case ReasonTimeout:
+			res.Problem = fmt.Sprintf("no answer within the %s deadline", h.opts.CallTimeout)
+			inst = nil // abandoned or closed by wazero
+		case ReasonTrap:
+			res.Problem = "trap: " + strings.TrimSpace(inst.out.String())
+			inst.close()
+			inst, err = h.newInstance(ctx, ver, nil)
+			if err != nil {
+				problem("re-instantiate after a trap: %v", err)
+			}
+		default:
+			res.Problem = reason.String()
+		}
+		rep.Samples = append(rep.Samples, res)
+		if res.Problem != "" {
+			problem("sample %s: %s", smp.Name, res.Problem)
+		}
+		if inst == nil {
+			break
+		}
+	}
+	return rep
+}
+
+// sampleCall runs one validation call like a live uploaded call: on its own goroutine, given up at the
+// deadline. The trusted built-in is called directly.
+func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *Snapshot) ([]int, Reason, int32) {
+	for i := range s.Endpoints {
+		s.Endpoints[i].Index = uint32(i)
+	}
+	if ver.trusted {
+		out, reason, code, _ := inst.run(ctx, s)
+		return out, reason, code
+	}
+	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
+		return nil, ReasonAbandonLimit, 0
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.opts.CallTimeout)
+	defer cancel()
+	type result struct {
+		out    []int
+		reason Reason
+		code   int32
+	}
+	done := make(chan result, 1)
+	var state atomicState
+	go func() {
+		out, reason, code, _ := inst.run(cctx, s)
+		if state.finish() {
+			done <- result{out, reason, code}
+			return
+		}
+		inst.close()
+		h.abandonedNano.Add(int64(time.Since(abandonedAt(cctx))))
+		h.abandoned.Add(-1)
+	}()
+	select {
+	case r := <-done:
+		if r.reason == ReasonTimeout {
+			inst.close()
+		}
+		return r.out, r.reason, r.code
+	case <-cctx.Done():
+		if state.abandon() {
+			h.abandoned.Add(1)
+			h.abandonedN.Add(1)
+			return nil, ReasonTimeout, 0
+		}
+		r := <-done
+		if r.reason == ReasonTimeout {
+			inst.close()
+		}
+		return r.out, r.reason, r.code
+	}
+}
+
+func healthyCount(s *Snapshot) int {
+	n := 0
+	for i := range s.Endpoints {
+		if s.Endpoints[i].Healthy() {
+			n++
+		}
+	}
+	return n
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func sigString(params, results []api.ValueType) string {
+	name := func(ts []api.ValueType) string {
+		s := make([]string, len(ts))
+		for i, t := range ts {
+			s[i] = api.ValueTypeName(t)
+		}
+		return "(" + strings.Join(s, ",") + ")"
+	}
+	return name(params) + "->" + name(results)
+}

@@ -1,0 +1,173 @@
+package sdk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Policy ranks the endpoints of one request. One value serves one Wasm instance, which the host calls
+// from one goroutine at a time, so implementations may keep scratch state without locks.
+type Policy interface {
+	// Init receives the policy's JSON config (possibly empty) once, before any Choose. A non-nil error
+	// makes the host reject the activation.
+	Init(config []byte) error
+	// Choose appends Endpoint.Index values to r, best first. It should skip unhealthy endpoints, must not
+	// add an index twice and should not allocate (a Go guest's GC shows up in tail latency).
+	Choose(s *Snapshot, r *Ranking) error
+}
+
+// BasePolicy can be embedded to get an Init that accepts only an empty config ("", "{}", whitespace).
+type BasePolicy struct{}
+
+// Init accepts an empty config and rejects anything else with a *ConfigError.
+func (BasePolicy) Init(config []byte) error { return DecodeConfig(config) }
+
+// Ranking is the ordered answer of Choose: endpoint indices, best first, each at most once.
+type Ranking struct {
+	idx []uint32
+}
+
+// NewRanking returns an empty ranking with room for n indices.
+func NewRanking(n int) *Ranking { return &Ranking{idx: make([]uint32, 0, n)} }
+
+// Add appends an endpoint index (an Endpoint.Index value).
+func (r *Ranking) Add(index uint32) { r.idx = append(r.idx, index) }
+
+// Len returns the number of ranked endpoints.
+func (r *Ranking) Len() int { return len(r.idx) }
+
+// Indices returns the ranked indices, best first. The slice is reused by the next Reset.
+func (r *Ranking) Indices() []uint32 { return r.idx }
+
+// Reset empties the ranking, keeping its capacity.
+func (r *Ranking) Reset() { r.idx = r.idx[:0] }
+
+// ErrInvalidRanking is returned by Ranking.Check for an index out of range or present twice.
+var ErrInvalidRanking = errors.New("sdk: invalid ranking")
+
+// Check verifies that every index is below n and appears at most once. seen is scratch of length ≥ n
+// (it is cleared on return); pass nil to let Check allocate.
+func (r *Ranking) Check(n int, seen []bool) error {
+	if len(r.idx) > n {
+		return fmt.Errorf("%w: %d entries for %d endpoints", ErrInvalidRanking, len(r.idx), n)
+	}
+	if len(seen) < n {
+		seen = make([]bool, n)
+	}
+	var err error
+	for _, v := range r.idx {
+		if int64(v) >= int64(n) {
+			err = fmt.Errorf("%w: index %d out of range [0,%d)", ErrInvalidRanking, v, n)
+			break
+		}
+		if seen[v] {
+			err = fmt.Errorf("%w: index %d twice", ErrInvalidRanking, v)
+			break
+		}
+		seen[v] = true
+	}
+	for _, v := range r.idx {
+		if int64(v) < int64(len(seen)) {
+			seen[v] = false
+		}
+	}
+	return err
+}
+
+// guest is the registered policy plus the per-instance scratch the ABI entry points reuse.
+type guest struct {
+	policy  Policy
+	snap    Snapshot
+	ranking Ranking
+	seen    []bool
+}
+
+var registered guest
+
+// Register installs the policy this module exports. Call it exactly once, from init() of the policy's
+// main package. A second call panics: a module exports one policy.
+func Register(p Policy) {
+	if registered.policy != nil {
+		panic("sdk: Register called twice")
+	}
+	if p == nil {
+		panic("sdk: Register(nil)")
+	}
+	registered = guest{
+		policy:  p,
+		snap:    Snapshot{Endpoints: make([]Endpoint, 0, 64)},
+		ranking: Ranking{idx: make([]uint32, 0, 64)},
+		seen:    make([]bool, 64),
+	}
+}
+
+// handleInit runs Init on config; it is the body of the init export.
+func (g *guest) handleInit(config []byte) (code int32) {
+	if g.policy == nil {
+		return ErrCodeNotRegistered
+	}
+	defer func() {
+		if recover() != nil {
+			code = ErrCodePanic
+		}
+	}()
+	if err := g.policy.Init(config); err != nil {
+		return ErrCodeConfig
+	}
+	return 0
+}
+
+// handleChoose decodes the snapshot in buf[:n], runs Choose and writes the ranking at buf[0:]. It returns
+// the ranking length or a negative error code; it is the body of the choose export.
+func (g *guest) handleChoose(buf []byte, n int) (code int32) {
+	if g.policy == nil {
+		return ErrCodeNotRegistered
+	}
+	if n < 0 || n > len(buf) {
+		return ErrCodeMalformed
+	}
+	defer func() {
+		if recover() != nil {
+			code = ErrCodePanic
+		}
+	}()
+	if err := DecodeSnapshot(buf[:n], &g.snap); err != nil {
+		return ErrCodeMalformed
+	}
+	ne := len(g.snap.Endpoints)
+	if 4*ne > len(buf) {
+		return ErrCodeTooMany
+	}
+	if cap(g.ranking.idx) < ne {
+		g.ranking.idx = make([]uint32, 0, ne)
+	}
+	if len(g.seen) < ne {
+		g.seen = make([]bool, ne)
+	}
+	g.ranking.Reset()
+	if err := g.policy.Choose(&g.snap, &g.ranking); err != nil {
+		return ErrCodePolicy
+	}
+	if g.ranking.Check(ne, g.seen) != nil {
+		return ErrCodeInvalidRanking
+	}
+	PutRanking(buf, g.ranking.idx)
+	return int32(len(g.ranking.idx))
+}
+
+// ChooseABI runs p on an encoded snapshot exactly as the Wasm exports would (decode, Choose, check,
+// write the ranking at buf[0:]), natively. It returns the ranking length or a negative ErrCode. Test
+// harnesses use it to exercise the ABI path without Wasm; it allocates per call.
+func ChooseABI(p Policy, buf []byte, n int) (int32, []uint32) {
+	g := guest{policy: p}
+	code := g.handleChoose(buf, n)
+	if code < 0 {
+		return code, nil
+	}
+	out := make([]uint32, code)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint32(buf[4*i:])
+	}
+	return code, out
+}
