@@ -1,0 +1,216 @@
+package kvstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// LayoutVersion is the version of the Redis key layout; it is part of every key name ("<prefix>:v1:...").
+// Change it whenever the layout or the block-key definition changes, so old and new gateways never read
+// each other's keys.
+const LayoutVersion = "v1"
+
+// DefaultRedisPrefix is RedisConfig.Prefix's default.
+const DefaultRedisPrefix = "kvg"
+
+// RedisConfig configures the Redis backends.
+type RedisConfig struct {
+	// Prefix starts every key name, before the layout version: "<Prefix>:v1:...". It must not contain '{'
+	// or '}'. Empty means DefaultRedisPrefix.
+	Prefix string
+}
+
+func (c RedisConfig) base() (string, error) {
+	p := c.Prefix
+	if p == "" {
+		p = DefaultRedisPrefix
+	}
+	if strings.ContainsAny(p, "{}") {
+		return "", fmt.Errorf("kvstore: redis prefix %q contains a hash-tag brace: %w", p, ErrInvalidArgument)
+	}
+	return p + ":" + LayoutVersion + ":", nil
+}
+
+var (
+	//go:embed scripts/index_match.lua
+	luaIndexMatch string
+	//go:embed scripts/index_add.lua
+	luaIndexAdd string
+	//go:embed scripts/index_remove.lua
+	luaIndexRemove string
+	//go:embed scripts/index_record.lua
+	luaIndexRecord string
+	//go:embed scripts/index_clear.lua
+	luaIndexClear string
+
+	scriptIndexMatch  = redis.NewScript(luaIndexMatch)
+	scriptIndexAdd    = redis.NewScript(luaIndexAdd)
+	scriptIndexRemove = redis.NewScript(luaIndexRemove)
+	scriptIndexRecord = redis.NewScript(luaIndexRecord)
+	scriptIndexClear  = redis.NewScript(luaIndexClear)
+)
+
+// RedisIndex is the Redis Index. Every call is one Lua script (one round trip), and all keys of one model
+// share the hash tag {model}, so on Redis Cluster a request's match and writes touch a single hash slot.
+//
+// Key layout (v1), with base = "<Prefix>:v1:":
+//
+//	<base>{<model>}:b:<block key, 16 hex digits>  HASH  endpoint -> expiresMs*4 + tier bits (1 GPU, 2 CPU)
+//	<base>{<model>}:e:<endpoint>                   SET   block IDs (hex) the endpoint holds on a tier
+//	<base>{<model>}:s:<endpoint>                   ZSET  block IDs with speculative holds, scored by expiry ms
+//
+// Speculative expiry uses the Redis server's clock (TIME inside the scripts). See kvstore/RATIONALE.md.
+type RedisIndex struct {
+	c    redis.UniversalClient
+	base string
+}
+
+var _ Index = (*RedisIndex)(nil)
+
+// NewRedisIndex returns a Redis index on client (a *redis.Client, *redis.ClusterClient or any
+// UniversalClient). It fails only for an invalid cfg.Prefix; it does not contact Redis.
+func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, error) {
+	base, err := cfg.base()
+	if err != nil {
+		return nil, err
+	}
+	return &RedisIndex{c: client, base: base}, nil
+}
+
+// modelPrefix returns "<base>{<model>}:".
+func (r *RedisIndex) modelPrefix(model string) string {
+	return r.base + "{" + model + "}:"
+}
+
+// BlockKeyName returns the Redis key name of one block of model (for tests and operators).
+func (r *RedisIndex) BlockKeyName(model string, k BlockKey) string {
+	return r.modelPrefix(model) + "b:" + blockID(k)
+}
+
+func blockID(k BlockKey) string {
+	var b [16]byte
+	const hexd = "0123456789abcdef"
+	for i := 15; i >= 0; i-- {
+		b[i] = hexd[k&0xf]
+		k >>= 4
+	}
+	return string(b[:])
+}
+
+// blockKeys returns head followed by the block key names of keys, and the block IDs as script arguments
+// after pre.
+func (r *RedisIndex) blockKeys(model string, head []string, keys []BlockKey, pre ...any) ([]string, []any) {
+	mp := r.modelPrefix(model) + "b:"
+	names := make([]string, 0, len(head)+len(keys))
+	names = append(names, head...)
+	args := make([]any, 0, len(pre)+len(keys))
+	args = append(args, pre...)
+	for _, k := range keys {
+		id := blockID(k)
+		names = append(names, mp+id)
+		args = append(args, id)
+	}
+	return names, args
+}
+
+// Match implements Index (one EVALSHA).
+func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
+	if len(keys) == 0 || model == "" {
+		return nil, nil
+	}
+	names, _ := r.blockKeys(model, nil, keys)
+	res, err := scriptIndexMatch.Run(ctx, r.c, names).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	if len(res)%3 != 0 {
+		return nil, fmt.Errorf("kvstore: redis match: reply of %d elements", len(res))
+	}
+	var out []EndpointMatch
+	for i := 0; i < len(res); i += 3 {
+		ep, ok1 := res[i].(string)
+		g, ok2 := res[i+1].(int64)
+		c, ok3 := res[i+2].(int64)
+		if !ok1 || !ok2 || !ok3 {
+			return nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T %T", res[i], res[i+1], res[i+2])
+		}
+		out = append(out, EndpointMatch{Endpoint: EndpointID(ep), GPUBlocks: int(g), CPUBlocks: int(c)})
+	}
+	return out, nil
+}
+
+// Add implements Index (one EVALSHA).
+func (r *RedisIndex) Add(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+	if err := checkNames("add", model, ep); err != nil {
+		return err
+	}
+	if err := checkTier("add", tier); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
+	if err := scriptIndexAdd.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return fmt.Errorf("kvstore: redis add: %w", err)
+	}
+	return nil
+}
+
+// Remove implements Index (one EVALSHA).
+func (r *RedisIndex) Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+	if err := checkNames("remove", model, ep); err != nil {
+		return err
+	}
+	if err := checkTier("remove", tier); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
+	if err := scriptIndexRemove.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return fmt.Errorf("kvstore: redis remove: %w", err)
+	}
+	return nil
+}
+
+// Record implements Index (one EVALSHA). TTLs are rounded up to whole milliseconds.
+func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, keys []BlockKey, ttl time.Duration) error {
+	if err := checkNames("record", model, ep); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("kvstore: record: ttl %v: %w", ttl, ErrInvalidArgument)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	ms := (ttl + time.Millisecond - 1) / time.Millisecond
+	mp := r.modelPrefix(model)
+	names, args := r.blockKeys(model, []string{mp + "s:" + string(ep)}, keys, string(ep), strconv.FormatInt(int64(ms), 10), mp+"b:")
+	if err := scriptIndexRecord.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return fmt.Errorf("kvstore: redis record: %w", err)
+	}
+	return nil
+}
+
+// ClearEndpoint implements Index (one EVALSHA, visiting only ep's own blocks through its reverse set and
+// speculative ZSET; no keyspace scan).
+func (r *RedisIndex) ClearEndpoint(ctx context.Context, model string, ep EndpointID) error {
+	if err := checkNames("clear endpoint", model, ep); err != nil {
+		return err
+	}
+	mp := r.modelPrefix(model)
+	err := scriptIndexClear.Run(ctx, r.c, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, string(ep), mp+"b:").Err()
+	if err != nil {
+		return fmt.Errorf("kvstore: redis clear endpoint: %w", err)
+	}
+	return nil
+}
