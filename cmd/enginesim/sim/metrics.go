@@ -1,0 +1,84 @@
+package sim
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are one engine's Prometheus collectors, on the engine's own registry (several engines can run in
+// one process). Names, types and label model_name follow vLLM (vllm/v1/metrics/loggers.py; offload
+// counters from the OffloadingConnector's metrics.py); enginesim:* are the simulator's own.
+type metrics struct {
+	reg *prometheus.Registry
+
+	running, waiting, usage       prometheus.Gauge
+	peakRunning                   prometheus.Gauge
+	prefixQueries, prefixHits     prometheus.Counter
+	externalQueries, externalHits prometheus.Counter
+	promptTokens, generationToks  prometheus.Counter
+	ttft, e2e, queueTime, itl     prometheus.Observer
+	offloadBytes                  *prometheus.CounterVec
+	offloadTime                   *prometheus.CounterVec
+	cancelled                     prometheus.Counter
+	requests                      *prometheus.CounterVec
+	eventBatches                  prometheus.Counter
+	eventBatchesDropped           prometheus.Counter
+	faults                        *prometheus.CounterVec
+}
+
+// vLLM's histogram buckets (vllm/v1/metrics/loggers.py).
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+		7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
+	latencyBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+		60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+	itlBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+		7.5, 10.0, 20.0, 40.0, 80.0}
+)
+
+func newMetrics(modelName string) *metrics {
+	reg := prometheus.NewRegistry()
+	l := prometheus.Labels{"model_name": modelName}
+	gauge := func(name, help string) prometheus.Gauge {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: l})
+		reg.MustRegister(g)
+		return g
+	}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l})
+		reg.MustRegister(c)
+		return c
+	}
+	hist := func(name, help string, buckets []float64) prometheus.Observer {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: l, Buckets: buckets})
+		reg.MustRegister(h)
+		return h
+	}
+	counterVec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l}, labels)
+		reg.MustRegister(c)
+		return c
+	}
+	m := &metrics{reg: reg}
+	m.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+	m.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+	m.usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+	m.peakRunning = gauge("enginesim:peak_running_requests", "Highest number of requests ever running at once.")
+	m.prefixQueries = counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.")
+	m.prefixHits = counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.")
+	m.externalQueries = counter("vllm:external_prefix_cache_queries_total", "External (CPU offload tier) prefix cache queries, in tokens.")
+	m.externalHits = counter("vllm:external_prefix_cache_hits_total", "External (CPU offload tier) prefix cache hits, in tokens.")
+	m.promptTokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
+	m.generationToks = counter("vllm:generation_tokens_total", "Number of generation tokens processed.")
+	m.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds (simulated model time).", ttftBuckets)
+	m.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds (simulated model time).", latencyBuckets)
+	m.queueTime = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request (simulated model time).", latencyBuckets)
+	m.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds (simulated model time).", itlBuckets)
+	m.offloadBytes = counterVec("vllm:kv_offload_total_bytes", "Bytes moved between the GPU and the CPU offload tier.", "transfer_type")
+	m.offloadTime = counterVec("vllm:kv_offload_total_time", "Seconds spent moving KV data between the GPU and the CPU offload tier (simulated).", "transfer_type")
+	m.cancelled = counter("enginesim:requests_cancelled_total", "Requests stopped because their client disconnected.")
+	m.requests = counterVec("enginesim:requests_total", "Requests finished, by outcome (finished, cancelled, rejected, fault).", "outcome")
+	m.eventBatches = counter("enginesim:kv_event_batches_total", "KV-event batches assigned a sequence number.")
+	m.eventBatchesDropped = counter("enginesim:kv_event_batches_dropped_total", "KV-event batches not sent on purpose (fault injection).")
+	m.faults = counterVec("enginesim:faults_injected_total", "Faults injected, by kind.", "kind")
+	return m
+}
