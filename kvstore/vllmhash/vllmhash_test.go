@@ -120,10 +120,10 @@ func TestExtraGolden(t *testing.T) {
 		TokenIDs  []uint32 `json:"token_ids"`
 		BlockSize int      `json:"block_size"`
 		Cases     []struct {
-			Seed      string `json:"seed"`
-			LoRA      string `json:"lora"`
-			CacheSalt string `json:"cache_salt"`
-			BlockHashesHex        []string `json:"block_hashes_hex"`
+			Seed           string   `json:"seed"`
+			LoRA           string   `json:"lora"`
+			CacheSalt      string   `json:"cache_salt"`
+			BlockHashesHex []string `json:"block_hashes_hex"`
 		} `json:"cases"`
 		SGLang []string `json:"sglang_page_hashes_hex"`
 	}

@@ -1,0 +1,569 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+// IngesterConfig configures one endpoint's Ingester.
+type IngesterConfig struct {
+	// Endpoint is the engine replica whose events these are (required).
+	Endpoint kvstore.EndpointID
+	// Model is the model name entries are stored under in Index (required).
+	Model string
+	// EventsAddr is the engine's ZMQ PUB endpoint to connect to, e.g. "tcp://10.0.0.7:5557" (required).
+	EventsAddr string
+	// ReplayAddr is the engine's replay ROUTER endpoint ("tcp://10.0.0.7:5558"); "" = no replay: a sequence
+	// gap then drops the endpoint's entries.
+	ReplayAddr string
+	// Topic is the ZMQ subscription prefix; "" receives every topic.
+	Topic string
+	// BlockSize is the model's configured block size in tokens (required, ≥ 1). BlockStored events with
+	// another non-zero block size are a configuration error: counted, reported once, not applied.
+	BlockSize int
+	// Hasher computes kvgate's block keys from each BlockStored's token IDs (config block_key_seed).
+	Hasher kvstore.Hasher
+	// LoRAByID names LoRA adapters by vLLM's numeric lora_id, for engines whose events carry no lora_name.
+	LoRAByID map[int]string
+	// Index receives Add / Remove / ClearEndpoint calls (required).
+	Index kvstore.Index
+	// Logger gets lifecycle and error reports; nil = slog.Default().
+	Logger *slog.Logger
+	// BackoffMin and BackoffMax bound the exponential reconnect backoff; 0 = 100 ms and 5 s.
+	BackoffMin, BackoffMax time.Duration
+	// ReplayTimeout bounds one replay exchange; 0 = 2 s.
+	ReplayTimeout time.Duration
+	// Now is the clock for Stats.Lag; nil = time.Now.
+	Now func() time.Time
+}
+
+// Stats are one Ingester's counters, as of the call to Stats. Counters only grow (across reconnects).
+type Stats struct {
+	Endpoint  kvstore.EndpointID
+	Connected bool // the SUB socket is connected
+	// Reconnects counts connections after the first.
+	Reconnects uint64
+	// Batches and Events count applied batches and events (replayed ones included); Blocks counts blocks
+	// added to the index (per tier transition).
+	Batches, Events, Blocks uint64
+	// Gaps counts sequence gaps; Replays successful replays that closed one; ReplayFailures replays that
+	// failed or did not reach back far enough (the endpoint was then cleared).
+	Gaps, Replays, ReplayFailures uint64
+	// Restarts counts sequence restarts (seq back to 0 or otherwise backwards: the engine restarted).
+	Restarts uint64
+	// Clears counts ClearEndpoint calls (AllBlocksCleared, restarts, unrepaired gaps).
+	Clears uint64
+	// Duplicates counts messages already applied through replay.
+	Duplicates uint64
+	// BadFrames counts ZMQ messages that are not [topic, seq(8 bytes), payload].
+	BadFrames uint64
+	// DecodeErrors counts payloads Decode rejected (skipped); SkippedEvents events with unknown tags.
+	DecodeErrors, SkippedEvents uint64
+	// BlockSizeErrors counts BlockStored events whose block size differs from the configured one (not applied).
+	BlockSizeErrors uint64
+	// BadEvents counts BlockStored events whose token count is not len(block_hashes) × block_size.
+	BadEvents uint64
+	// Orphans counts BlockStored events whose parent hash is unknown (not applied: the chain cannot be keyed).
+	Orphans uint64
+	// Unresolved counts hashes of token-less (placeholder) BlockStored events that map to no known block;
+	// UnknownRemoved hashes of BlockRemoved that do; UnknownMedium events with a medium other than GPU/CPU.
+	Unresolved, UnknownRemoved, UnknownMedium uint64
+	// KeyConflicts counts engine hashes announced again with token IDs that give a different block key.
+	KeyConflicts uint64
+	// IndexErrors counts failed Index calls.
+	IndexErrors uint64
+	// HaveSeq says whether LastSeq is set; LastSeq is the last applied sequence number.
+	HaveSeq bool
+	LastSeq uint64
+	// Lag is the receive time minus the batch timestamp of the last applied batch.
+	Lag time.Duration
+	// Resyncing is set when entries were dropped after an unrepaired gap; cleared by AllBlocksCleared or an
+	// engine restart (the picture is complete again).
+	Resyncing bool
+	// ConfigError is set (first occurrence) when the engine's events disagree with the configuration.
+	ConfigError string
+	// MappedHashes is the number of engine hashes currently mapped to block keys.
+	MappedHashes int
+}
+
+// ErrConfig is wrapped by the errors Start returns for an invalid IngesterConfig.
+var ErrConfig = errors.New("kvevents: invalid ingester config")
+
+// endSeq is the replay end marker (-1 as 8 bytes).
+const endSeq = math.MaxUint64
+
+// hashEntry maps one engine hash to kvgate's block key, with the number of live announcements per tier.
+type hashEntry struct {
+	key  kvstore.BlockKey
+	refs [3]int32 // by kvstore.Tier (1 GPU, 2 CPU)
+}
+
+// Ingester applies one endpoint's KV events to an Index, in order. Start it once; Stats may be called
+// concurrently from any goroutine.
+type Ingester struct {
+	cfg IngesterConfig
+	log *slog.Logger
+
+	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
+	hashes      map[EngineHash]hashEntry
+	keyBuf      []kvstore.BlockKey
+	addBuf      []kvstore.BlockKey
+	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
+	dupHi       uint64
+	configNoted bool
+
+	mu    sync.Mutex
+	stats Stats
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewIngester validates cfg and returns an Ingester that is not yet connected.
+func NewIngester(cfg IngesterConfig) (*Ingester, error) {
+	switch {
+	case cfg.Endpoint == "":
+		return nil, fmt.Errorf("%w: no endpoint", ErrConfig)
+	case cfg.Model == "":
+		return nil, fmt.Errorf("%w: no model", ErrConfig)
+	case cfg.BlockSize < 1:
+		return nil, fmt.Errorf("%w: block size %d", ErrConfig, cfg.BlockSize)
+	case cfg.Index == nil:
+		return nil, fmt.Errorf("%w: no index", ErrConfig)
+	}
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = 100 * time.Millisecond
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		cfg.BackoffMax = max(5*time.Second, cfg.BackoffMin)
+	}
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = 2 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Ingester{
+		cfg:    cfg,
+		log:    log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
+		hashes: make(map[EngineHash]hashEntry),
+		stats:  Stats{Endpoint: cfg.Endpoint},
+	}, nil
+}
+
+// Start connects to EventsAddr and applies events until ctx ends or Close is called, reconnecting with
+// exponential backoff when the connection fails or drops. It returns at once; it fails only if EventsAddr is
+// empty or Start was already called.
+func (in *Ingester) Start(ctx context.Context) error {
+	if in.cfg.EventsAddr == "" {
+		return fmt.Errorf("%w: no events address", ErrConfig)
+	}
+	if in.done != nil {
+		return fmt.Errorf("%w: already started", ErrConfig)
+	}
+	ctx, in.cancel = context.WithCancel(ctx)
+	in.done = make(chan struct{})
+	go in.run(ctx)
+	return nil
+}
+
+// Close stops the Ingester and waits for it to finish. The index entries stay.
+func (in *Ingester) Close() error {
+	if in.cancel != nil {
+		in.cancel()
+		<-in.done
+	}
+	return nil
+}
+
+// Stats returns a copy of the current counters.
+func (in *Ingester) Stats() Stats {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	s := in.stats
+	return s
+}
+
+func (in *Ingester) bump(f func(*Stats)) {
+	in.mu.Lock()
+	f(&in.stats)
+	in.mu.Unlock()
+}
+
+func (in *Ingester) run(ctx context.Context) {
+	defer close(in.done)
+	backoff := in.cfg.BackoffMin
+	first := true
+	for ctx.Err() == nil {
+		sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second))
+		if err := sub.Dial(in.cfg.EventsAddr); err != nil {
+			_ = sub.Close()
+			in.log.DebugContext(ctx, "kv events dial failed", slog.String("addr", in.cfg.EventsAddr), slog.Any("err", err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, in.cfg.BackoffMax)
+			continue
+		}
+		if err := sub.SetOption(zmq4.OptionSubscribe, in.cfg.Topic); err != nil {
+			_ = sub.Close()
+			in.log.ErrorContext(ctx, "kv events subscribe failed", slog.Any("err", err))
+			return
+		}
+		backoff = in.cfg.BackoffMin
+		in.bump(func(s *Stats) {
+			s.Connected = true
+			if !first {
+				s.Reconnects++
+			}
+		})
+		first = false
+		in.log.InfoContext(ctx, "kv events connected", slog.String("addr", in.cfg.EventsAddr))
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				if ctx.Err() == nil {
+					in.log.InfoContext(ctx, "kv events connection lost", slog.Any("err", err))
+				}
+				break
+			}
+			in.message(ctx, msg.Frames)
+		}
+		_ = sub.Close()
+		in.bump(func(s *Stats) { s.Connected = false })
+	}
+}
+
+// message handles one ZMQ message [topic, seq8, payload].
+func (in *Ingester) message(ctx context.Context, frames [][]byte) {
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		in.bump(func(s *Stats) { s.BadFrames++ })
+		return
+	}
+	in.handle(ctx, binary.BigEndian.Uint64(frames[1]), frames[2])
+}
+
+// handle applies one sequenced payload, repairing order first (see RATIONALE.md).
+func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
+	in.mu.Lock()
+	have, last := in.stats.HaveSeq, in.stats.LastSeq
+	in.mu.Unlock()
+	switch {
+	case !have || seq == last+1:
+	case seq > last+1:
+		in.bump(func(s *Stats) { s.Gaps++ })
+		in.log.WarnContext(ctx, "kv events sequence gap", slog.Uint64("expected", last+1), slog.Uint64("got", seq))
+		if in.cfg.ReplayAddr != "" {
+			in.replay(ctx, last+1, seq)
+			in.mu.Lock()
+			last = in.stats.LastSeq
+			in.mu.Unlock()
+			if seq <= last {
+				in.dupLo, in.dupHi = seq, last
+				in.bump(func(s *Stats) { s.Replays++ })
+				return // the replay covered this message
+			}
+			if seq == last+1 {
+				in.bump(func(s *Stats) { s.Replays++ })
+				break
+			}
+			in.bump(func(s *Stats) { s.ReplayFailures++ })
+		}
+		in.clear(ctx, true)
+	default: // seq <= last
+		if seq > in.dupLo && seq <= in.dupHi {
+			in.bump(func(s *Stats) { s.Duplicates++ })
+			return
+		}
+		in.log.InfoContext(ctx, "kv events sequence restarted (engine restart)", slog.Uint64("last", last), slog.Uint64("got", seq))
+		in.bump(func(s *Stats) { s.Restarts++ })
+		in.clear(ctx, false)
+		in.dupLo, in.dupHi = 0, 0
+	}
+	in.apply(ctx, seq, payload)
+}
+
+// replay fetches batches from seq `from` on through the replay socket and applies those that continue the
+// sequence. trigger is the sequence number that revealed the gap.
+func (in *Ingester) replay(ctx context.Context, from, trigger uint64) {
+	rctx, cancel := context.WithTimeout(ctx, in.cfg.ReplayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(in.cfg.ReplayTimeout))
+	defer d.Close()
+	fail := func(err error) {
+		in.log.WarnContext(ctx, "kv events replay failed", slog.String("addr", in.cfg.ReplayAddr), slog.Any("err", err))
+	}
+	if err := d.Dial(in.cfg.ReplayAddr); err != nil {
+		fail(err)
+		return
+	}
+	var seq8 [8]byte
+	binary.BigEndian.PutUint64(seq8[:], from)
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, seq8[:])); err != nil {
+		fail(err)
+		return
+	}
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			fail(err)
+			return
+		}
+		f := msg.Frames
+		if len(f) != 3 || len(f[0]) != 0 || len(f[1]) != 8 {
+			in.bump(func(s *Stats) { s.BadFrames++ })
+			continue
+		}
+		seq := binary.BigEndian.Uint64(f[1])
+		if seq == endSeq {
+			return
+		}
+		in.mu.Lock()
+		last := in.stats.LastSeq
+		in.mu.Unlock()
+		if seq == last+1 {
+			in.apply(ctx, seq, f[2])
+		}
+		// Older batches are skipped; a batch beyond last+1 means the buffer no longer reaches back to the
+		// gap: the caller sees last < trigger-1 and clears.
+	}
+}
+
+// clear drops the endpoint's entries and its hash map.
+func (in *Ingester) clear(ctx context.Context, resync bool) {
+	clear(in.hashes)
+	err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint)
+	in.bump(func(s *Stats) {
+		s.Clears++
+		s.Resyncing = resync
+		s.MappedHashes = 0
+		if err != nil {
+			s.IndexErrors++
+		}
+	})
+}
+
+// apply decodes and applies one batch and records seq as the last one applied.
+func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
+	b, err := Decode(payload)
+	if err != nil {
+		in.bump(func(s *Stats) {
+			s.DecodeErrors++
+			s.HaveSeq, s.LastSeq = true, seq
+		})
+		in.log.WarnContext(ctx, "kv events batch undecodable", slog.Uint64("seq", seq), slog.Any("err", err))
+		return
+	}
+	var c applyCounts
+	for _, ev := range b.Events {
+		in.event(ctx, ev, &c)
+	}
+	lag := in.cfg.Now().Sub(time.Unix(0, int64(b.TS*1e9)))
+	in.bump(func(s *Stats) {
+		s.HaveSeq, s.LastSeq = true, seq
+		s.Batches++
+		s.Events += uint64(len(b.Events))
+		s.SkippedEvents += uint64(b.Skipped)
+		s.Lag = lag
+		c.addTo(s)
+		s.MappedHashes = len(in.hashes)
+	})
+}
+
+// applyCounts gathers one batch's counters so Stats is locked once per batch.
+type applyCounts struct {
+	blocks, blockSizeErrors, badEvents, orphans, unresolved, unknownRemoved, unknownMedium, conflicts,
+	indexErrors, clears uint64
+	cleared bool
+}
+
+func (c *applyCounts) addTo(s *Stats) {
+	s.Blocks += c.blocks
+	s.BlockSizeErrors += c.blockSizeErrors
+	s.BadEvents += c.badEvents
+	s.Orphans += c.orphans
+	s.Unresolved += c.unresolved
+	s.UnknownRemoved += c.unknownRemoved
+	s.UnknownMedium += c.unknownMedium
+	s.KeyConflicts += c.conflicts
+	s.IndexErrors += c.indexErrors
+	s.Clears += c.clears
+	if c.cleared {
+		s.Resyncing = false
+	}
+}
+
+// tierOf maps an event medium to a tier: None (vLLM v0.9) and "GPU" → GPU; "CPU" and SGLang's
+// "CPU_PINNED" → CPU; anything else (DISK, EXTERNAL, ...) is not indexed.
+func tierOf(medium string) (kvstore.Tier, bool) {
+	switch strings.ToUpper(medium) {
+	case "", "GPU":
+		return kvstore.TierGPU, true
+	case "CPU", "CPU_PINNED":
+		return kvstore.TierCPU, true
+	}
+	return 0, false
+}
+
+func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
+	switch e := ev.(type) {
+	case BlockStored:
+		in.stored(ctx, &e, c)
+	case BlockRemoved:
+		tier, ok := tierOf(e.Medium)
+		if !ok {
+			c.unknownMedium++
+			return
+		}
+		rm := in.addBuf[:0]
+		for _, h := range e.BlockHashes {
+			he, ok := in.hashes[h]
+			if !ok || he.refs[tier] == 0 {
+				c.unknownRemoved++
+				continue
+			}
+			he.refs[tier]--
+			if he.refs[tier] == 0 {
+				rm = append(rm, he.key)
+			}
+			if he.refs[kvstore.TierGPU] == 0 && he.refs[kvstore.TierCPU] == 0 {
+				delete(in.hashes, h)
+			} else {
+				in.hashes[h] = he
+			}
+		}
+		in.addBuf = rm
+		if len(rm) > 0 {
+			if err := in.cfg.Index.Remove(ctx, in.cfg.Model, in.cfg.Endpoint, tier, rm); err != nil {
+				c.indexErrors++
+			}
+		}
+	case AllBlocksCleared:
+		clear(in.hashes)
+		if err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint); err != nil {
+			c.indexErrors++
+		}
+		c.clears++
+		c.cleared = true
+	}
+}
+
+func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) {
+	tier, ok := tierOf(e.Medium)
+	if !ok {
+		c.unknownMedium++
+		return
+	}
+	add := in.addBuf[:0]
+	defer func() { in.addBuf = add }()
+	if len(e.TokenIDs) == 0 {
+		// Placeholder (vLLM CPU offload without self-describing events): resolve through the map.
+		for _, h := range e.BlockHashes {
+			he, ok := in.hashes[h]
+			if !ok {
+				c.unresolved++
+				continue
+			}
+			he.refs[tier]++
+			in.hashes[h] = he
+			if he.refs[tier] == 1 {
+				add = append(add, he.key)
+			}
+		}
+	} else {
+		if e.BlockSize != in.cfg.BlockSize {
+			c.blockSizeErrors++
+			in.configError(ctx, fmt.Sprintf("engine block size %d, model %q configured with %d", e.BlockSize, in.cfg.Model, in.cfg.BlockSize))
+			return
+		}
+		if len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize {
+			c.badEvents++
+			return
+		}
+		extra := kvstore.ExtraKeys{LoRA: e.LoRAName}
+		if extra.LoRA == "" && e.LoRAID != nil {
+			extra.LoRA = in.cfg.LoRAByID[*e.LoRAID]
+		}
+		keys := in.keyBuf[:0]
+		if e.ParentBlockHash == nil {
+			extra.CacheSalt = cacheSalt(e, extra.LoRA)
+			keys = in.cfg.Hasher.AppendKeys(keys, e.TokenIDs, e.BlockSize, extra)
+		} else {
+			parent, ok := in.hashes[*e.ParentBlockHash]
+			if !ok {
+				c.orphans++
+				return
+			}
+			keys = in.cfg.Hasher.AppendKeysAfter(keys, parent.key, e.TokenIDs, e.BlockSize, extra)
+		}
+		in.keyBuf = keys
+		for i, h := range e.BlockHashes {
+			he, ok := in.hashes[h]
+			if !ok {
+				he.key = keys[i]
+			} else if he.key != keys[i] {
+				c.conflicts++
+			}
+			he.refs[tier]++
+			in.hashes[h] = he
+			if he.refs[tier] == 1 {
+				add = append(add, he.key)
+			}
+		}
+	}
+	if len(add) > 0 {
+		if err := in.cfg.Index.Add(ctx, in.cfg.Model, in.cfg.Endpoint, tier, add); err != nil {
+			c.indexErrors++
+			return
+		}
+		c.blocks += uint64(len(add))
+	}
+}
+
+// cacheSalt finds the cache salt of a chain's first block: SGLang's metadata.cache_salt, or the last string
+// of vLLM's block-0 extra_keys tuple that is not the LoRA name (vLLM orders it lora, multimodal, cache_salt,
+// prompt-embeds digest; multimodal prompts are not supported). "" when the event carries none.
+func cacheSalt(e *BlockStored, lora string) string {
+	if e.CacheSalt != "" {
+		return e.CacheSalt
+	}
+	if len(e.ExtraKeys) == 0 || e.ExtraKeys[0] == nil {
+		return ""
+	}
+	k := e.ExtraKeys[0]
+	for i := len(k) - 1; i >= 0; i-- {
+		if s, ok := k[i].(string); ok {
+			if i == 0 && s == lora {
+				return ""
+			}
+			return s
+		}
+	}
+	return ""
+}
+
+// configError reports a configuration mismatch once and flags the endpoint.
+func (in *Ingester) configError(ctx context.Context, msg string) {
+	if in.configNoted {
+		return
+	}
+	in.configNoted = true
+	in.log.ErrorContext(ctx, "kv events disagree with configuration", slog.String("problem", msg))
+	in.bump(func(s *Stats) { s.ConfigError = msg })
+}

@@ -1,0 +1,471 @@
+package kvevents
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/vllmhash"
+)
+
+// pypub drives testdata/pypub.py, a pyzmq (libzmq) publisher with vLLM's frames and replay ROUTER.
+type pypub struct {
+	t                   *testing.T
+	cmd                 *exec.Cmd
+	stdin               io.WriteCloser
+	ok, sub, replays    chan string
+	pubPort, routerPort int
+}
+
+const python = "/usr/bin/python3" // Debian's python3-zmq loads only here
+
+func startPub(t *testing.T, pubPort, routerPort int) *pypub {
+	t.Helper()
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no %s: %v", python, err)
+	}
+	cmd := exec.Command(python, "testdata/pypub.py", fmt.Sprint(pubPort), fmt.Sprint(routerPort))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &pypub{t: t, cmd: cmd, stdin: stdin, ok: make(chan string, 100), sub: make(chan string, 100), replays: make(chan string, 100)}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			l := sc.Text()
+			switch {
+			case strings.HasPrefix(l, "ready"):
+				ready <- l
+			case l == "ok":
+				p.ok <- l
+			case l == "sub":
+				p.sub <- l
+			case strings.HasPrefix(l, "replay"):
+				p.replays <- l
+			}
+		}
+	}()
+	t.Cleanup(p.stop)
+	select {
+	case l := <-ready:
+		if _, err := fmt.Sscanf(l, "ready %d %d", &p.pubPort, &p.routerPort); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("python publisher did not start")
+	}
+	return p
+}
+
+func (p *pypub) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_, _ = io.WriteString(p.stdin, "quit\n")
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (p *pypub) do(line string) {
+	p.t.Helper()
+	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+	p.wait(p.ok, "ok after "+line[:min(len(line), 20)])
+}
+
+func (p *pypub) wait(ch chan string, what string) string {
+	p.t.Helper()
+	select {
+	case l := <-ch:
+		return l
+	case <-time.After(10 * time.Second):
+		p.t.Fatalf("timed out waiting for %s", what)
+	}
+	return ""
+}
+
+func (p *pypub) pub(seq uint64, payload []byte) { p.do(fmt.Sprintf("pub %d %x", seq, payload)) }
+
+func (p *pypub) lose(seq uint64, payload []byte) { p.do(fmt.Sprintf("lose %d %x", seq, payload)) }
+
+func (p *pypub) addr(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
+
+const testModel = "m"
+
+// newTestIngester starts an Ingester on p into a fresh memory index and waits for the subscription.
+func newTestIngester(t *testing.T, p *pypub, replay bool) (*Ingester, *kvstore.MemoryIndex) {
+	t.Helper()
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	cfg := IngesterConfig{
+		Endpoint: "e0", Model: testModel, EventsAddr: p.addr(p.pubPort), BlockSize: 16,
+		Hasher: kvstore.Hasher{Seed: 7}, Index: idx, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+	}
+	if replay {
+		cfg.ReplayAddr = p.addr(p.routerPort)
+	}
+	ing, err := NewIngester(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ing.Close() })
+	p.wait(p.sub, "subscription")
+	return ing, idx
+}
+
+func waitStats(t *testing.T, ing *Ingester, what string, cond func(Stats) bool) Stats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := ing.Stats()
+		if cond(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; stats %+v", what, s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func seqIs(n uint64) func(Stats) bool {
+	return func(s Stats) bool { return s.HaveSeq && s.LastSeq == n }
+}
+
+func tokens(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+// match returns e0's (GPU, CPU) prefix match for tokens under extra.
+func match(t *testing.T, idx kvstore.Index, toks []uint32, extra kvstore.ExtraKeys) (int, int) {
+	t.Helper()
+	ms, err := idx.Match(context.Background(), testModel, kvstore.Hasher{Seed: 7}.Keys(toks, 16, extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Endpoint == "e0" {
+			return m.GPUBlocks, m.CPUBlocks
+		}
+	}
+	return 0, 0
+}
+
+func mustEncode(t *testing.T, b EventBatch, l Layout, f HashForm) []byte {
+	t.Helper()
+	p, err := Encode(b, l, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// engine hashes the way vLLM does (sha256_cbor, PYTHONHASHSEED=0), with raw digests for the bytes form.
+func engineHashes(t *testing.T, toks []uint32, extra kvstore.ExtraKeys) ([]EngineHash, [][]byte) {
+	t.Helper()
+	ds, err := vllmhash.New("0").Blocks(toks, 16, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := make([]EngineHash, len(ds))
+	raw := make([][]byte, len(ds))
+	for i, d := range ds {
+		hs[i] = EngineHash(d.EventHash())
+		raw[i] = slices.Clone(d[:])
+	}
+	return hs, raw
+}
+
+func batch(evs ...Event) EventBatch {
+	return EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}
+}
+
+// TestIngestGoldenPayloads replays every reference payload through libzmq into the memory index.
+func TestIngestGoldenPayloads(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, false)
+	payloads := loadPayloads(t)
+	names := make([]string, 0, len(payloads))
+	for n := range payloads {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for i, n := range names {
+		p.pub(uint64(i), payloads[n])
+	}
+	s := waitStats(t, ing, "all golden batches", seqIs(uint64(len(names)-1)))
+	// 10 vLLM payloads of 3 events + the SGLang one of 4; each stores 2 blocks on GPU (block size 16).
+	// The vLLM BlockRemoved events name medium CPU where nothing was stored (9 unknown), except v0.9's
+	// (no medium = GPU); every batch ends with AllBlocksCleared.
+	want := Stats{Batches: 11, Events: 34, Blocks: 22, UnknownRemoved: 9, Clears: 11}
+	got := Stats{Batches: s.Batches, Events: s.Events, Blocks: s.Blocks, UnknownRemoved: s.UnknownRemoved, Clears: s.Clears}
+	if got != want || s.DecodeErrors != 0 || s.Gaps != 0 || s.MappedHashes != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, c := match(t, idx, tokens(1, 32), kvstore.ExtraKeys{}); g+c != 0 {
+		t.Fatalf("entries survived AllBlocksCleared: %d GPU %d CPU", g, c)
+	}
+	if s.Lag < time.Hour { // golden ts is 2023-11-14
+		t.Fatalf("lag %v", s.Lag)
+	}
+}
+
+// TestIngestDualKeys checks keying, tiers, placeholders, reference counts and the block-size check.
+func TestIngestDualKeys(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, false)
+	toks := tokens(1000, 48)
+	hs, raw := engineHashes(t, toks, kvstore.ExtraKeys{})
+	seq := uint64(0)
+	send := func(l Layout, f HashForm, evs ...Event) {
+		p.pub(seq, mustEncode(t, batch(evs...), l, f))
+		waitStats(t, ing, fmt.Sprint("seq ", seq), seqIs(seq))
+		seq++
+	}
+	check := func(step string, toks []uint32, extra kvstore.ExtraKeys, wantGPU, wantCPU int) {
+		t.Helper()
+		if g, c := match(t, idx, toks, extra); g != wantGPU || c != wantCPU {
+			t.Fatalf("%s: match %d GPU %d CPU, want %d, %d", step, g, c, wantGPU, wantCPU)
+		}
+	}
+	send(LayoutV011, HashBytes, BlockStored{BlockHashes: hs[:2], RawBlockHashes: raw[:2], TokenIDs: toks[:32], BlockSize: 16, Medium: "GPU"})
+	send(LayoutMap, HashUint, BlockStored{BlockHashes: hs[2:], ParentBlockHash: &hs[1], TokenIDs: toks[32:], BlockSize: 16, Medium: "GPU"})
+	check("stored", toks, kvstore.ExtraKeys{}, 3, 0)
+	// vLLM CPU-offload placeholders: no tokens, block size 0.
+	send(LayoutArrayLast, HashUint, BlockStored{BlockHashes: hs, Medium: "CPU"})
+	check("offloaded", toks, kvstore.ExtraKeys{}, 3, 0)
+	send(LayoutMap, HashUint, BlockRemoved{BlockHashes: hs[1:], Medium: "GPU"})
+	check("evicted from GPU", toks, kvstore.ExtraKeys{}, 1, 2)
+	send(LayoutLoRAName, HashUint, BlockStored{BlockHashes: hs[1:2], ParentBlockHash: &hs[0], TokenIDs: toks[16:32], BlockSize: 16, Medium: "GPU"})
+	check("reloaded", toks, kvstore.ExtraKeys{}, 2, 1)
+	send(LayoutSGLang, HashInt64, BlockRemoved{BlockHashes: hs, Medium: "CPU_PINNED"})
+	check("dropped from CPU", toks, kvstore.ExtraKeys{}, 2, 0)
+	if s := ing.Stats(); s.MappedHashes != 2 || s.Blocks != 7 || s.UnknownRemoved != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	// LoRA by name, and by lora_id through the config map (none configured here: keyed without LoRA).
+	lh, _ := engineHashes(t, toks[:16], kvstore.ExtraKeys{LoRA: "my-lora"})
+	send(LayoutMap, HashUint, BlockStored{BlockHashes: lh, TokenIDs: toks[:16], BlockSize: 16, Medium: "GPU", LoRAName: "my-lora"})
+	check("lora", toks[:16], kvstore.ExtraKeys{LoRA: "my-lora"}, 1, 0)
+	// cache_salt carried in vLLM extra_keys (LoRA first, salt last) keys block 0 with the salt.
+	sh, _ := engineHashes(t, toks[:32], kvstore.ExtraKeys{LoRA: "my-lora", CacheSalt: "s1"})
+	send(LayoutArrayLast, HashUint, BlockStored{BlockHashes: sh, TokenIDs: toks[:32], BlockSize: 16, Medium: "GPU", LoRAName: "my-lora",
+		ExtraKeys: []ExtraKey{{"my-lora", "s1"}, {"my-lora"}}})
+	check("salted", toks[:32], kvstore.ExtraKeys{LoRA: "my-lora", CacheSalt: "s1"}, 2, 0)
+	check("salted, asked without salt", toks[:32], kvstore.ExtraKeys{LoRA: "my-lora"}, 1, 0)
+	// Wrong block size: a configuration error, reported, not applied.
+	bh, _ := engineHashes(t, tokens(5000, 32), kvstore.ExtraKeys{})
+	send(LayoutMap, HashUint, BlockStored{BlockHashes: bh[:1], TokenIDs: tokens(5000, 32), BlockSize: 32, Medium: "GPU"})
+	s := ing.Stats()
+	if s.BlockSizeErrors != 1 || !strings.Contains(s.ConfigError, "block size 32") {
+		t.Fatalf("block size error not reported: %+v", s)
+	}
+	// Orphan: parent never announced.
+	send(LayoutMap, HashUint, BlockStored{BlockHashes: bh[:1], ParentBlockHash: &bh[1], TokenIDs: tokens(5000, 16), BlockSize: 16, Medium: "GPU"})
+	if s := ing.Stats(); s.Orphans != 1 {
+		t.Fatalf("orphan not counted: %+v", s)
+	}
+}
+
+func storeRoot(t *testing.T, toks []uint32) (EngineHash, []byte) {
+	hs, _ := engineHashes(t, toks, kvstore.ExtraKeys{})
+	return hs[0], mustEncode(t, batch(BlockStored{BlockHashes: hs[:1], TokenIDs: toks[:16], BlockSize: 16, Medium: "GPU"}), LayoutMap, HashUint)
+}
+
+func storeChild(t *testing.T, toks []uint32, i int) []byte {
+	hs, _ := engineHashes(t, toks, kvstore.ExtraKeys{})
+	return mustEncode(t, batch(BlockStored{BlockHashes: hs[i : i+1], ParentBlockHash: &hs[i-1], TokenIDs: toks[16*i : 16*i+16], BlockSize: 16, Medium: "GPU"}), LayoutMap, HashUint)
+}
+
+func TestIngestGapWithoutReplay(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, false)
+	toks := tokens(1, 64)
+	_, b0 := storeRoot(t, toks)
+	p.pub(0, b0)
+	waitStats(t, ing, "seq 0", seqIs(0))
+	p.lose(1, storeChild(t, toks, 1))
+	p.pub(2, storeChild(t, toks, 2))
+	s := waitStats(t, ing, "seq 2", seqIs(2))
+	if s.Gaps != 1 || s.Clears != 1 || !s.Resyncing || s.Orphans != 1 || s.Replays != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("entries survived the gap: %d", g)
+	}
+	p.pub(3, mustEncode(t, batch(AllBlocksCleared{}), LayoutV011, HashUint))
+	if s := waitStats(t, ing, "seq 3", seqIs(3)); s.Resyncing {
+		t.Fatalf("still resyncing after AllBlocksCleared: %+v", s)
+	}
+}
+
+func TestIngestGapWithReplay(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, true)
+	toks := tokens(1, 96)
+	_, b0 := storeRoot(t, toks)
+	p.pub(0, b0)
+	waitStats(t, ing, "seq 0", seqIs(0))
+	p.lose(1, storeChild(t, toks, 1))
+	p.pub(2, storeChild(t, toks, 2))
+	s := waitStats(t, ing, "seq 2", seqIs(2))
+	if l := p.wait(p.replays, "replay request"); l != "replay 1" {
+		t.Fatalf("replay request %q, want from seq 1", l)
+	}
+	if s.Gaps != 1 || s.Replays != 1 || s.Clears != 0 || s.Resyncing || s.Orphans != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 3 {
+		t.Fatalf("after replay %d GPU blocks, want 3", g)
+	}
+	p.pub(3, storeChild(t, toks, 3))
+	waitStats(t, ing, "seq 3", seqIs(3))
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 4 {
+		t.Fatalf("after seq 3 %d GPU blocks, want 4", g)
+	}
+	// The replay buffer no longer reaches back: replay fails over to clearing.
+	p.lose(4, storeChild(t, toks, 4))
+	p.do("clearbuf")
+	p.pub(5, storeChild(t, toks, 5))
+	s = waitStats(t, ing, "seq 5", seqIs(5))
+	if s.Gaps != 2 || s.ReplayFailures != 1 || s.Clears != 1 || !s.Resyncing {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("entries survived an unrepaired gap: %d", g)
+	}
+}
+
+func TestIngestRestartAtZero(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, true)
+	toks := tokens(1, 32)
+	_, b0 := storeRoot(t, toks)
+	p.pub(0, b0)
+	p.pub(1, storeChild(t, toks, 1))
+	waitStats(t, ing, "seq 1", seqIs(1))
+	other := tokens(500, 16)
+	_, o0 := storeRoot(t, other)
+	p.pub(0, o0) // the engine restarted
+	s := waitStats(t, ing, "restart", func(s Stats) bool { return s.Restarts == 1 })
+	if s.Clears != 1 || s.LastSeq != 0 || s.Gaps != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("pre-restart entries survived: %d", g)
+	}
+	if g, _ := match(t, idx, other, kvstore.ExtraKeys{}); g != 1 {
+		t.Fatalf("post-restart entry missing: %d", g)
+	}
+}
+
+func TestIngestBadInput(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, false)
+	p.pub(0, []byte{0xc1})                                                            // reserved msgpack code
+	p.pub(1, mustHex("93cb41d954fc4020"))                                             // truncated
+	p.pub(2, mustHex("920191"+"95ab426c6f636b53746f726564"+"90c090a131"))             // string block size
+	p.pub(3, mustHex("920192"+"92a3466f6f01"+"91b0416c6c426c6f636b73436c6561726564")) // unknown tag + clear
+	p.do("raw 6b76 0001")                                                             // 2 frames, short seq
+	toks := tokens(1, 16)
+	_, b := storeRoot(t, toks)
+	p.pub(4, b)
+	s := waitStats(t, ing, "seq 4", seqIs(4))
+	if s.DecodeErrors != 3 || s.SkippedEvents != 1 || s.BadFrames != 1 || s.Batches != 2 || s.Gaps != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 1 {
+		t.Fatalf("valid batch after bad ones not applied: %d", g)
+	}
+}
+
+// TestIngestReconnect restarts the publisher on the same port: the Ingester reconnects and, as the new
+// engine's sequence starts again, treats it as a restart.
+func TestIngestReconnect(t *testing.T) {
+	p := startPub(t, 0, 0)
+	ing, idx := newTestIngester(t, p, false)
+	toks := tokens(1, 32)
+	_, b0 := storeRoot(t, toks)
+	p.pub(0, b0)
+	p.pub(1, storeChild(t, toks, 1))
+	waitStats(t, ing, "seq 1", seqIs(1))
+	p.stop()
+	waitStats(t, ing, "disconnect", func(s Stats) bool { return !s.Connected })
+	p2 := startPub(t, p.pubPort, 0)
+	p2.wait(p2.sub, "resubscription")
+	other := tokens(900, 16)
+	_, o0 := storeRoot(t, other)
+	p2.pub(0, o0)
+	s := waitStats(t, ing, "restart after reconnect", func(s Stats) bool { return s.Restarts == 1 })
+	if s.Reconnects < 1 || !s.Connected {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, other, kvstore.ExtraKeys{}); g != 1 {
+		t.Fatalf("post-reconnect entry missing")
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("pre-restart entries survived: %d", g)
+	}
+}
+
+func mustHex(s string) []byte {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func TestIngesterConfig(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	for _, c := range []IngesterConfig{
+		{Model: "m", BlockSize: 16, Index: idx},
+		{Endpoint: "e", BlockSize: 16, Index: idx},
+		{Endpoint: "e", Model: "m", Index: idx},
+		{Endpoint: "e", Model: "m", BlockSize: 16},
+	} {
+		if _, err := NewIngester(c); err == nil {
+			t.Errorf("accepted %+v", c)
+		}
+	}
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e", Model: "m", BlockSize: 16, Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(context.Background()); err == nil {
+		t.Fatal("started without an events address")
+	}
+}
