@@ -1,0 +1,272 @@
+// Package endpoints keeps the live state of every configured endpoint: health (GET /health answered 200)
+// and engine load read from its Prometheus /metrics (queued and running requests, KV-cache utilization),
+// refreshed every scrape interval (default 250 ms) by one goroutine per endpoint.
+//
+// Metric names read (summed over label sets): vLLM vllm:num_requests_waiting, vllm:num_requests_running,
+// vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), all fractions in [0,1]; SGLang
+// sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage. The simulator uses vLLM's names.
+package endpoints
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Endpoint is one engine replica as configured.
+type Endpoint struct {
+	ID     string
+	Model  string
+	Engine string // config.EngineSim, EngineVLLM or EngineSGLang
+	URL    string
+}
+
+// Load is an endpoint's last observed state.
+type Load struct {
+	// Healthy is true after the last /health probe answered 200 and no forward failed to connect since.
+	Healthy bool
+	// Waiting and Running are the engine's queued and running requests.
+	Waiting, Running float64
+	// KVCacheUsage is the engine's KV-cache utilization, a fraction in [0,1].
+	KVCacheUsage float64
+	// Scraped is when the metrics were last read successfully (zero: never).
+	Scraped time.Time
+	// Err is the last probe or scrape error ("" when fine).
+	Err string
+}
+
+// Metrics is what ParseMetrics reads from a Prometheus text exposition.
+type Metrics struct {
+	Waiting, Running, KVCacheUsage float64
+	// Found counts the recognised samples (0: the page had none of the names above).
+	Found int
+}
+
+// ParseMetrics reads the load metrics from a Prometheus text exposition (format 0.0.4). Unknown lines,
+// comments and malformed samples are skipped; it never fails.
+func ParseMetrics(page []byte) Metrics {
+	var m Metrics
+	sc := bufio.NewScanner(bytes.NewReader(page))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		end := bytes.IndexAny(line, "{ ")
+		if end <= 0 {
+			continue
+		}
+		name := string(line[:end])
+		var dst *float64
+		switch name {
+		case "vllm:num_requests_waiting", "sglang:num_queue_reqs":
+			dst = &m.Waiting
+		case "vllm:num_requests_running", "sglang:num_running_reqs":
+			dst = &m.Running
+		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
+			dst = &m.KVCacheUsage
+		default:
+			continue
+		}
+		rest := line[end:]
+		if rest[0] == '{' {
+			close := labelsEnd(rest)
+			if close < 0 {
+				continue
+			}
+			rest = rest[close+1:]
+		}
+		fields := strings.Fields(string(rest))
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil || v != v || v < 0 { // NaN and negatives are not loads
+			continue
+		}
+		*dst += v
+		m.Found++
+	}
+	if m.KVCacheUsage > 1 {
+		m.KVCacheUsage = 1
+	}
+	return m
+}
+
+// labelsEnd returns the index of the '}' closing the label set at s[0], honouring quoted values.
+func labelsEnd(s []byte) int {
+	inQ := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case inQ && c == '\\':
+			i++
+		case c == '"':
+			inQ = !inQ
+		case !inQ && c == '}':
+			return i
+		}
+	}
+	return -1
+}
+
+type state struct {
+	ep   Endpoint
+	mu   sync.RWMutex
+	load Load
+}
+
+// Set is the live state of all endpoints. Safe for concurrent use.
+type Set struct {
+	eps      []*state
+	byID     map[string]*state
+	hc       *http.Client
+	interval time.Duration
+	log      *slog.Logger
+	scrapes  atomic.Int64
+}
+
+// NewSet returns a Set for eps that probes with hc every interval once Run is called.
+func NewSet(eps []Endpoint, hc *http.Client, interval time.Duration, log *slog.Logger) *Set {
+	s := &Set{byID: map[string]*state{}, hc: hc, interval: interval, log: log}
+	for _, e := range eps {
+		st := &state{ep: e}
+		s.eps = append(s.eps, st)
+		s.byID[e.ID] = st
+	}
+	return s
+}
+
+// Endpoints returns the configured endpoints in config order.
+func (s *Set) Endpoints() []Endpoint {
+	out := make([]Endpoint, len(s.eps))
+	for i, st := range s.eps {
+		out[i] = st.ep
+	}
+	return out
+}
+
+// Get returns the endpoint with id.
+func (s *Set) Get(id string) (Endpoint, bool) {
+	st, ok := s.byID[id]
+	if !ok {
+		return Endpoint{}, false
+	}
+	return st.ep, true
+}
+
+// Load returns id's last observed state (zero Load, unhealthy, for an unknown id).
+func (s *Set) Load(id string) Load {
+	st, ok := s.byID[id]
+	if !ok {
+		return Load{}
+	}
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	return st.load
+}
+
+// MarkDown records that a forward to id failed to connect: it counts as unhealthy until the next good probe.
+func (s *Set) MarkDown(id string, reason string) {
+	if st, ok := s.byID[id]; ok {
+		st.mu.Lock()
+		st.load.Healthy, st.load.Err = false, reason
+		st.mu.Unlock()
+	}
+}
+
+// ProbeAll probes every endpoint once, concurrently, and returns when all answered or ctx ended.
+func (s *Set) ProbeAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, st := range s.eps {
+		wg.Go(func() { s.probe(ctx, st) })
+	}
+	wg.Wait()
+}
+
+// Run probes every endpoint each interval until ctx ends.
+func (s *Set) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, st := range s.eps {
+		wg.Go(func() {
+			t := time.NewTicker(s.interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					s.probe(ctx, st)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (s *Set) get(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(s.interval*4, time.Second))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, &statusError{resp.StatusCode}
+	}
+	return b, nil
+}
+
+type statusError struct{ code int }
+
+func (e *statusError) Error() string { return "status " + strconv.Itoa(e.code) }
+
+func (s *Set) probe(ctx context.Context, st *state) {
+	base := strings.TrimRight(st.ep.URL, "/")
+	_, herr := s.get(ctx, base+"/health")
+	var page []byte
+	var merr error
+	if herr == nil {
+		page, merr = s.get(ctx, base+"/metrics")
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	s.scrapes.Add(1)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	was := st.load.Healthy
+	st.load.Healthy = herr == nil
+	st.load.Err = ""
+	switch {
+	case herr != nil:
+		st.load.Err = "health: " + herr.Error()
+	case merr != nil:
+		st.load.Err = "metrics: " + merr.Error()
+	default:
+		m := ParseMetrics(page)
+		st.load.Waiting, st.load.Running, st.load.KVCacheUsage = m.Waiting, m.Running, m.KVCacheUsage
+		st.load.Scraped = time.Now()
+	}
+	if was != st.load.Healthy && s.log != nil {
+		s.log.LogAttrs(ctx, slog.LevelInfo, "endpoint health changed", slog.String("endpoint_id", st.ep.ID),
+			slog.Bool("healthy", st.load.Healthy), slog.String("error", st.load.Err))
+	}
+}

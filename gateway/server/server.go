@@ -1,0 +1,446 @@
+// Package server is the gateway's HTTP front: a Fiber v2 app serving the OpenAI API (POST
+// /v1/chat/completions, POST /v1/completions, GET /v1/models), /healthz, /readyz and /metrics, with one auth
+// middleware in front of every route and the admin API mounted under /admin/v1 (gateway/admin). A generation
+// request is planned and reserved by gateway/route, forwarded by gateway/upstream, streamed back event by
+// event, and its lease released when the response ends or the client goes away.
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/endpoints"
+	"github.com/kvgate/kvgate/gateway/metrics"
+	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/upstream"
+)
+
+// Response headers set on every proxied response.
+const (
+	HeaderEndpoint = "x-kvgate-endpoint" // the endpoint ID that served the request
+	HeaderPolicy   = "x-kvgate-policy"   // the policy version that ranked it, name@sha256 (12 hex)
+)
+
+// DisconnectPoll is how often a waiting request checks whether its client is still connected.
+const DisconnectPoll = 100 * time.Millisecond
+
+// ServedModel is one entry of the model table: the router's model and the adapter name ("" for the base).
+type ServedModel struct {
+	Model *route.Model
+	LoRA  string
+}
+
+// Options build a Server.
+type Options struct {
+	Config    *config.Config
+	Secrets   config.Secrets
+	Models    map[string]ServedModel // by client-facing name (models and LoRA adapters)
+	Router    *route.Router
+	Upstream  *upstream.Client
+	Endpoints *endpoints.Set
+	Metrics   *metrics.Metrics
+	Log       *slog.Logger
+	// Admin mounts the admin API on the /admin/v1 group (nil: none, every /admin/ path 404s after auth).
+	Admin func(r fiber.Router)
+	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
+	Ready func() map[string]any
+}
+
+// Server is the HTTP front. Create with New, run with Listen or Serve, stop with Shutdown.
+type Server struct {
+	o       Options
+	secrets config.Secrets
+	app     *fiber.App
+	base    context.Context
+	stop    context.CancelFunc
+	modelsJ []byte
+}
+
+// New builds the Fiber app.
+func New(o Options) *Server {
+	base, stop := context.WithCancel(context.Background())
+	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop}
+	s.app = fiber.New(fiber.Config{
+		AppName:               "kvgate",
+		BodyLimit:             int(o.Config.MaxBodyBytes),
+		IdleTimeout:           o.Config.ClientIdleTimeout,
+		ReadBufferSize:        16 << 10,
+		CaseSensitive:         true,
+		StrictRouting:         false,
+		DisableStartupMessage: true,
+		ErrorHandler:          s.errorHandler,
+	})
+	s.app.Use(s.auth)
+	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
+	s.app.Post("/v1/completions", s.generate(openai.Completions))
+	s.app.Get("/v1/models", s.listModels)
+	s.app.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
+	s.app.Get("/readyz", s.readyz)
+	prom := adaptor.HTTPHandler(promhttp.HandlerFor(o.Metrics.Registry, promhttp.HandlerOpts{}))
+	s.app.Get("/metrics", func(c *fiber.Ctx) error { s.refreshGauges(); return prom(c) })
+	if o.Admin != nil {
+		o.Admin(s.app.Group("/admin/v1"))
+	}
+	s.app.Use(func(c *fiber.Ctx) error {
+		return sendError(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "", "not_found", "No route for %s %s.", c.Method(), c.Path()))
+	})
+	s.modelsJ = s.modelsJSON()
+	return s
+}
+
+// App returns the Fiber app (tests use App().Test; the admin package adds routes through Options.Admin).
+func (s *Server) App() *fiber.App { return s.app }
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
+
+// Shutdown stops accepting, cancels in-flight upstream requests (their leases are released) and waits up to
+// ctx for handlers to end.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.app.ShutdownWithContext(ctx)
+	s.stop()
+	return err
+}
+
+func sendError(c *fiber.Ctx, e *openai.Error) error {
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(e.Status).Send(e.JSON())
+}
+
+func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
+	var oe *openai.Error
+	if errors.As(err, &oe) {
+		return sendError(c, oe)
+	}
+	var fe *fiber.Error
+	if errors.As(err, &fe) {
+		if fe.Code == fiber.StatusRequestEntityTooLarge {
+			return sendError(c, openai.TooLarge(s.o.Config.MaxBodyBytes))
+		}
+		typ := "invalid_request_error"
+		if fe.Code >= 500 {
+			typ = "server_error"
+		}
+		return sendError(c, openai.Errorf(fe.Code, typ, "", "", "%s", fe.Message))
+	}
+	s.o.Log.Error("handler error", slog.String("error", err.Error()), slog.String("path", c.Path()))
+	return sendError(c, openai.Errorf(500, "server_error", "", "", "internal error"))
+}
+
+func (s *Server) modelsJSON() []byte {
+	type entry struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+		Root    string `json:"root"`
+		Parent  any    `json:"parent"`
+	}
+	var data []entry
+	now := time.Now().Unix()
+	for _, m := range s.o.Config.Models {
+		data = append(data, entry{ID: m.Name, Object: "model", Created: now, OwnedBy: "kvgate", Root: m.Name})
+		for _, l := range m.LoRAAdapters {
+			data = append(data, entry{ID: l, Object: "model", Created: now, OwnedBy: "kvgate", Root: l, Parent: m.Name})
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"object": "list", "data": data})
+	return b
+}
+
+func (s *Server) listModels(c *fiber.Ctx) error {
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Send(s.modelsJ)
+}
+
+func (s *Server) refreshGauges() {
+	m := s.o.Metrics
+	for _, e := range s.o.Endpoints.Endpoints() {
+		l := s.o.Endpoints.Load(e.ID)
+		m.EndpointWaiting.WithLabelValues(e.ID).Set(l.Waiting)
+		m.EndpointRunning.WithLabelValues(e.ID).Set(l.Running)
+		m.EndpointKVCacheUsage.WithLabelValues(e.ID).Set(l.KVCacheUsage)
+		h := 0.0
+		if l.Healthy {
+			h = 1
+		}
+		m.EndpointHealthy.WithLabelValues(e.ID).Set(h)
+	}
+}
+
+// readyz answers 200 when every model has a healthy endpoint, else 503; the body details endpoints, the store
+// (degraded while it is unreachable) and whatever Options.Ready adds.
+func (s *Server) readyz(c *fiber.Ctx) error {
+	type epState struct {
+		Healthy      bool    `json:"healthy"`
+		Waiting      float64 `json:"waiting"`
+		Running      float64 `json:"running"`
+		KVCacheUsage float64 `json:"kv_cache_utilization"`
+		Error        string  `json:"error,omitempty"`
+	}
+	ready := true
+	models := map[string]map[string]epState{}
+	for _, m := range s.o.Config.Models {
+		rm := s.o.Models[m.Name].Model
+		eps := map[string]epState{}
+		any := false
+		for _, e := range rm.Endpoints {
+			l := s.o.Endpoints.Load(e.ID)
+			eps[e.ID] = epState{l.Healthy, l.Waiting, l.Running, l.KVCacheUsage, l.Err}
+			any = any || l.Healthy
+		}
+		ready = ready && any
+		models[m.Name] = eps
+	}
+	st := s.o.Router.StoreStatus()
+	body := map[string]any{"ready": ready, "degraded": st.Down, "store": st, "models": models}
+	if s.o.Ready != nil {
+		for k, v := range s.o.Ready() {
+			body[k] = v
+		}
+	}
+	if !ready {
+		c.Status(fiber.StatusServiceUnavailable)
+	}
+	return c.JSON(body)
+}
+
+// watch cancels cancel when the client connection closes; stop ends the watch.
+func watch(conn net.Conn, cancel context.CancelFunc) (stop func()) {
+	if conn == nil {
+		return func() {}
+	}
+	if _, ok := peerClosed(conn); !ok {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(DisconnectPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if closed, _ := peerClosed(conn); closed {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done) }) }
+}
+
+// clientHeaders copies the request headers to forward.
+func clientHeaders(c *fiber.Ctx) http.Header {
+	h := make(http.Header, 8)
+	c.Request().Header.VisitAll(func(k, v []byte) {
+		key := http.CanonicalHeaderKey(string(k))
+		h[key] = append(h[key], string(v))
+	})
+	return h
+}
+
+var skipRespHeader = map[string]bool{"Content-Length": true, "Transfer-Encoding": true, "Connection": true,
+	"Keep-Alive": true, "Date": true, "Server": true}
+
+// generate serves POST /v1/chat/completions and /v1/completions.
+func (s *Server) generate(api openai.API) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		start := time.Now()
+		body := bytes.Clone(c.Body()) // Fiber reuses its buffers; the stream writer outlives the handler
+		req, err := openai.ParseRequest(api, body)
+		if err != nil {
+			return err
+		}
+		sm, ok := s.o.Models[req.Model]
+		if !ok {
+			s.o.Metrics.Requests.WithLabelValues(req.Model, "", "404").Inc()
+			return openai.ModelNotFound(req.Model)
+		}
+		ctx, cancel := context.WithCancel(s.base)
+		stopWatch := watch(c.Context().Conn(), cancel)
+		finished := false
+		defer func() {
+			if !finished { // not handed to a stream writer
+				stopWatch()
+				cancel()
+			}
+		}()
+		log := s.o.Log
+		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
+		if err != nil {
+			return s.fail(c, req, "", err)
+		}
+		hdr := clientHeaders(c)
+		dropAuth := len(s.secrets.ClientAPIKeys) > 0
+		exclude := map[int]bool{}
+		var resp *http.Response
+		var claim *route.Claim
+		for {
+			claim, err = s.o.Router.Reserve(ctx, plan, exclude)
+			if err != nil {
+				if ctx.Err() != nil {
+					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
+					return nil
+				}
+				return s.fail(c, req, "", err)
+			}
+			if len(exclude) == 0 {
+				s.o.Router.Record(ctx, plan, claim)
+			}
+			cand := plan.Candidates[claim.Index]
+			out, berr := upstream.Body(cand.Engine, req, body, plan.IDs)
+			if berr != nil {
+				s.o.Router.Release(claim)
+				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "%v", berr))
+			}
+			s.o.Metrics.Stage.WithLabelValues(metrics.StageTotal).Observe(time.Since(start).Seconds())
+			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, hdr, dropAuth)
+			if err == nil {
+				break
+			}
+			s.o.Router.Release(claim)
+			if ctx.Err() != nil {
+				s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
+				return nil
+			}
+			log.Warn("upstream failed before responding; trying the next ranked endpoint",
+				slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
+			s.o.Endpoints.MarkDown(cand.ID, err.Error())
+			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+			exclude[claim.Index] = true
+			if len(exclude) >= len(plan.Candidates) {
+				return s.fail(c, req, cand.ID, openai.Upstream("every endpoint failed: "+err.Error()))
+			}
+		}
+		epID := plan.Candidates[claim.Index].ID
+		// Renew the lease while the response runs.
+		renewDone := make(chan struct{})
+		go func() {
+			t := time.NewTicker(max(s.o.Router.LeaseTTL()/3, 100*time.Millisecond))
+			defer t.Stop()
+			for {
+				select {
+				case <-renewDone:
+					return
+				case <-t.C:
+					if err := s.o.Router.Renew(ctx, claim); err != nil && ctx.Err() == nil {
+						log.Warn("lease renewal failed", slog.String("endpoint_id", epID), slog.String("error", err.Error()))
+					}
+				}
+			}
+		}()
+		var closeOnce sync.Once
+		finish := func(status int, disconnected bool) {
+			closeOnce.Do(func() {
+				close(renewDone)
+				stopWatch()
+				cancel()
+				resp.Body.Close()
+				s.o.Router.Release(claim)
+				s.o.Metrics.Requests.WithLabelValues(sm.Model.Name, epID, strconv.Itoa(status)).Inc()
+				if disconnected {
+					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
+				}
+				if log.Enabled(ctx, slog.LevelDebug) {
+					log.LogAttrs(context.Background(), slog.LevelDebug, "request done", slog.String("model", req.Model),
+						slog.String("endpoint_id", epID), slog.Int("status", status), slog.Bool("stream", req.Stream),
+						slog.Int("prompt_tokens", len(plan.IDs)), slog.Duration("duration", time.Since(start)))
+				}
+			})
+		}
+		c.Status(resp.StatusCode)
+		for k, vs := range resp.Header {
+			if skipRespHeader[k] {
+				continue
+			}
+			for _, v := range vs {
+				c.Response().Header.Add(k, v)
+			}
+		}
+		c.Set(HeaderEndpoint, epID)
+		c.Set(HeaderPolicy, route.ShortVersion(plan.Info.Policy))
+		streaming := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		if !streaming {
+			// Non-streaming: the watcher keeps polling the client while the engine generates.
+			b, rerr := io.ReadAll(resp.Body)
+			if rerr != nil {
+				disc := ctx.Err() != nil
+				finish(502, disc)
+				if disc {
+					return nil
+				}
+				c.Response().Header.Del(fiber.HeaderContentType)
+				return sendError(c, openai.Upstream("engine response failed: "+rerr.Error()))
+			}
+			finish(resp.StatusCode, false)
+			return c.Send(b)
+		}
+		c.Set(fiber.HeaderCacheControl, "no-cache")
+		finished = true
+		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, rerr := resp.Body.Read(buf)
+				if n > 0 {
+					if _, werr := w.Write(buf[:n]); werr != nil {
+						finish(resp.StatusCode, true)
+						return
+					}
+					if werr := w.Flush(); werr != nil {
+						finish(resp.StatusCode, true)
+						return
+					}
+				}
+				if rerr == io.EOF {
+					finish(resp.StatusCode, false)
+					return
+				}
+				if rerr != nil {
+					disc := ctx.Err() != nil
+					if !disc {
+						// The engine failed mid-stream: end the stream with an error event (never retried).
+						e := openai.Upstream("engine stream failed: " + rerr.Error())
+						w.WriteString("data: ")
+						w.Write(e.JSON())
+						w.WriteString("\n\n")
+						w.Flush()
+					}
+					finish(502, disc)
+					return
+				}
+			}
+		})
+		return nil
+	}
+}
+
+// fail answers err (an *openai.Error or a wrapped one) and counts it.
+func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) error {
+	var oe *openai.Error
+	if !errors.As(err, &oe) {
+		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
+	}
+	s.o.Metrics.Requests.WithLabelValues(req.Model, ep, strconv.Itoa(oe.Status)).Inc()
+	return sendError(c, oe)
+}
