@@ -311,7 +311,9 @@ func (c *Config) applyDefaults() {
 // Validate checks every value; it is called by Parse and again after a program edits a Config.
 func (c *Config) Validate() error {
 	var errs []error
-	bad := func(key, format string, a ...any) { errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, a...)}) }
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, a...)})
+	}
 	if c.Listen == "" || !strings.Contains(c.Listen, ":") {
 		bad("listen", "want host:port, got %q", c.Listen)
 	}
