@@ -6,11 +6,14 @@ import "unicode/utf8"
 // to U+0100 onwards in byte order. runeToByte is its inverse.
 var (
 	byteToRune [256]rune
-	runeToByte = map[rune]byte{}
+	runeToByte [324]int16 // rune -> byte, -1 for runes outside the alphabet (all alphabet runes are < 324)
 )
 
 func init() {
 	n := 0
+	for i := range runeToByte {
+		runeToByte[i] = -1
+	}
 	for b := 0; b < 256; b++ {
 		printable := (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)
 		if printable {
@@ -19,22 +22,64 @@ func init() {
 			byteToRune[b] = rune(256 + n)
 			n++
 		}
-		runeToByte[byteToRune[b]] = byte(b)
+		runeToByte[byteToRune[b]] = int16(b)
 	}
 }
 
 // byteLevelDecode maps a byte-level token string (GPT-2 alphabet) to its raw bytes. A token holding any
 // character outside the alphabet is returned unchanged, as HF's ByteLevel decoder does.
 func byteLevelDecode(tok string) string {
-	buf := make([]byte, 0, len(tok))
-	for _, r := range tok {
-		b, ok := runeToByte[r]
-		if !ok {
-			return tok
-		}
-		buf = append(buf, b)
+	var arr [64]byte
+	buf, ok := appendByteLevelDecode(arr[:0], tok)
+	if !ok {
+		return tok
 	}
 	return string(buf)
+}
+
+// appendByteLevelDecodeBytes is appendByteLevelDecode for a byte slice.
+func appendByteLevelDecodeBytes(buf []byte, tok []byte) ([]byte, bool) {
+	for i := 0; i < len(tok); {
+		c := tok[i]
+		if c < utf8.RuneSelf {
+			if runeToByte[c] < 0 {
+				return buf, false
+			}
+			buf = append(buf, c)
+			i++
+			continue
+		}
+		r, w := utf8.DecodeRune(tok[i:])
+		if int(r) >= len(runeToByte) || runeToByte[r] < 0 {
+			return buf, false
+		}
+		buf = append(buf, byte(runeToByte[r]))
+		i += w
+	}
+	return buf, true
+}
+
+// appendByteLevelDecode appends the raw bytes of a byte-level token to buf; ok is false when tok holds a
+// character outside the alphabet.
+func appendByteLevelDecode(buf []byte, tok string) ([]byte, bool) {
+	for i := 0; i < len(tok); {
+		c := tok[i]
+		if c < utf8.RuneSelf {
+			if runeToByte[c] < 0 {
+				return buf, false
+			}
+			buf = append(buf, c)
+			i++
+			continue
+		}
+		r, w := utf8.DecodeRuneInString(tok[i:])
+		if int(r) >= len(runeToByte) || runeToByte[r] < 0 {
+			return buf, false
+		}
+		buf = append(buf, byte(runeToByte[r]))
+		i += w
+	}
+	return buf, true
 }
 
 // appendLossyUTF8 appends b to dst as valid UTF-8, replacing each maximal ill-formed subpart with U+FFFD the

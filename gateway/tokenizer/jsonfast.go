@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -77,6 +78,25 @@ func (r *jsonReader) str() (string, error) {
 		r.pos++
 	}
 	return "", r.fail("unterminated string")
+}
+
+// strBytes reads a JSON string and returns its bytes: a view into the input when it holds no escapes
+// (valid until the input changes), else a fresh decoded copy.
+func (r *jsonReader) strBytes() ([]byte, error) {
+	if err := r.expect('"'); err != nil {
+		return nil, err
+	}
+	start := r.pos
+	k := bytes.IndexByte(r.buf[r.pos:], '"')
+	if k < 0 {
+		return nil, r.fail("unterminated string")
+	}
+	if bytes.IndexByte(r.buf[start:start+k], '\\') < 0 {
+		r.pos = start + k + 1
+		return r.buf[start : start+k], nil
+	}
+	s, err := r.strSlow(start)
+	return []byte(s), err
 }
 
 // strSlow decodes a string holding escapes, starting from its first content byte.
@@ -171,8 +191,9 @@ func (r *jsonReader) uint() (uint32, error) {
 	return uint32(v), nil
 }
 
-// parseVocab reads {"token": id, ...}. fn is called once per entry, in file order.
-func parseVocab(raw []byte, fn func(tok string, id uint32)) error {
+// parseVocab reads {"token": id, ...}. fn is called once per entry, in file order; tok is only valid
+// during the call.
+func parseVocab(raw []byte, fn func(tok []byte, id uint32)) error {
 	r := &jsonReader{buf: raw}
 	if err := r.expect('{'); err != nil {
 		return err
@@ -181,7 +202,7 @@ func parseVocab(raw []byte, fn func(tok string, id uint32)) error {
 		return nil
 	}
 	for {
-		k, err := r.str()
+		k, err := r.strBytes()
 		if err != nil {
 			return err
 		}
@@ -204,8 +225,9 @@ func parseVocab(raw []byte, fn func(tok string, id uint32)) error {
 	}
 }
 
-// parseMerges reads ["a b", ...] or [["a", "b"], ...]. fn is called once per merge, in rank order.
-func parseMerges(raw []byte, fn func(a, b string) error) error {
+// parseMerges reads ["a b", ...] or [["a", "b"], ...]. fn is called once per merge, in rank order; a and b
+// are only valid during the call.
+func parseMerges(raw []byte, fn func(a, b []byte) error) error {
 	r := &jsonReader{buf: raw}
 	if err := r.expect('['); err != nil {
 		return err
@@ -214,14 +236,14 @@ func parseMerges(raw []byte, fn func(a, b string) error) error {
 		return nil
 	}
 	for {
-		var a, b string
+		var a, b []byte
 		switch r.peek() {
 		case '"':
-			s, err := r.str()
+			s, err := r.strBytes()
 			if err != nil {
 				return err
 			}
-			i := indexByte(s, ' ')
+			i := bytes.IndexByte(s, ' ')
 			if i < 0 {
 				return fmt.Errorf("tokenizer: merge %q is not two space-separated tokens", s)
 			}
@@ -229,13 +251,13 @@ func parseMerges(raw []byte, fn func(a, b string) error) error {
 		case '[':
 			r.pos++
 			var err error
-			if a, err = r.str(); err != nil {
+			if a, err = r.strBytes(); err != nil {
 				return err
 			}
 			if err = r.expect(','); err != nil {
 				return err
 			}
-			if b, err = r.str(); err != nil {
+			if b, err = r.strBytes(); err != nil {
 				return err
 			}
 			if err = r.expect(']'); err != nil {
@@ -265,4 +287,143 @@ func indexByte(s string, c byte) int {
 		}
 	}
 	return -1
+}
+
+// skipValue moves past one JSON value without decoding it (strings are scanned for their closing quote
+// with bytes.IndexByte, containers by depth); full validation is left to the decoders of the values that
+// are used.
+func (r *jsonReader) skipValue() error {
+	r.skipSpace()
+	depth := 0
+	for r.pos < len(r.buf) {
+		c := r.buf[r.pos]
+		switch c {
+		case '"':
+			r.pos++
+			for {
+				k := bytes.IndexByte(r.buf[r.pos:], '"')
+				if k < 0 {
+					return r.fail("unterminated string")
+				}
+				end := r.pos + k
+				bs := 0
+				for j := end - 1; j >= r.pos && r.buf[j] == '\\'; j-- {
+					bs++
+				}
+				r.pos = end + 1
+				if bs%2 == 0 {
+					break
+				}
+			}
+		case '{', '[':
+			depth++
+			r.pos++
+		case '}', ']':
+			depth--
+			r.pos++
+			if depth < 0 {
+				return r.fail("unbalanced brackets")
+			}
+		default:
+			if depth == 0 {
+				// A scalar ends at the next delimiter.
+				for r.pos < len(r.buf) {
+					switch r.buf[r.pos] {
+					case ',', '}', ']', ' ', '\t', '\n', '\r':
+						return nil
+					}
+					r.pos++
+				}
+				return nil
+			}
+			r.pos++
+			continue
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+	return r.fail("unexpected end of input")
+}
+
+// objectMembers splits a JSON object into its members' raw values (later duplicates win, as with
+// encoding/json).
+func objectMembers(raw []byte) (map[string][]byte, error) {
+	r := &jsonReader{buf: raw}
+	return r.members()
+}
+
+// members reads the object at the reader's position into its members' raw values.
+func (r *jsonReader) members() (map[string][]byte, error) {
+	raw := r.buf
+	if err := r.expect('{'); err != nil {
+		return nil, err
+	}
+	out := map[string][]byte{}
+	if r.peek() == '}' {
+		return out, nil
+	}
+	for {
+		k, err := r.str()
+		if err != nil {
+			return nil, err
+		}
+		if err := r.expect(':'); err != nil {
+			return nil, err
+		}
+		r.skipSpace()
+		start := r.pos
+		if err := r.skipValue(); err != nil {
+			return nil, err
+		}
+		out[k] = raw[start:r.pos]
+		switch r.peek() {
+		case ',':
+			r.pos++
+		case '}':
+			return out, nil
+		default:
+			return nil, r.fail("expected ',' or '}'")
+		}
+	}
+}
+
+// fileMembers splits tokenizer.json into its top-level members and the members of its "model" object, in
+// one pass over the input.
+func fileMembers(raw []byte) (top, model map[string][]byte, err error) {
+	r := &jsonReader{buf: raw}
+	if err := r.expect('{'); err != nil {
+		return nil, nil, err
+	}
+	top = map[string][]byte{}
+	if r.peek() == '}' {
+		return top, nil, nil
+	}
+	for {
+		k, err := r.str()
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := r.expect(':'); err != nil {
+			return nil, nil, err
+		}
+		r.skipSpace()
+		start := r.pos
+		if k == "model" && r.peek() == '{' {
+			if model, err = r.members(); err != nil {
+				return nil, nil, err
+			}
+		} else if err := r.skipValue(); err != nil {
+			return nil, nil, err
+		}
+		top[k] = raw[start:r.pos]
+		switch r.peek() {
+		case ',':
+			r.pos++
+		case '}':
+			return top, model, nil
+		default:
+			return nil, nil, r.fail("expected ',' or '}'")
+		}
+	}
 }

@@ -103,12 +103,11 @@ type typed struct {
 
 // New builds a Tokenizer from the bytes of tokenizer.json and (optionally, may be nil) tokenizer_config.json.
 func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
-	var f fileJSON
-	if err := json.Unmarshal(tokenizerJSON, &f); err != nil {
-		return nil, fmt.Errorf("tokenizer: tokenizer.json: %w", err)
+	f, err := decodeFile(tokenizerJSON)
+	if err != nil {
+		return nil, err
 	}
 	t := &Tokenizer{}
-	var err error
 	if t.pre, t.byteLevel, t.scanner, err = buildPreTokenizer(f.PreTokenizer, "pre_tokenizer"); err != nil {
 		return nil, err
 	}
@@ -141,6 +140,61 @@ func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	return t, nil
 }
 
+// decodeFile reads tokenizer.json. The model's vocab and merges (nearly all of the file) are cut out by a
+// fast skipper and left raw for parseVocab/parseMerges; everything else goes through encoding/json.
+func decodeFile(data []byte) (*fileJSON, error) {
+	top, model, err := fileMembers(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: tokenizer.json: %w", err)
+	}
+	if model == nil {
+		return nil, fmt.Errorf("tokenizer: tokenizer.json has no model object")
+	}
+	var small bytes.Buffer
+	small.WriteByte('{')
+	for k, v := range top {
+		if k == "model" {
+			continue
+		}
+		if small.Len() > 1 {
+			small.WriteByte(',')
+		}
+		kb, _ := json.Marshal(k)
+		small.Write(kb)
+		small.WriteByte(':')
+		small.Write(v)
+	}
+	small.WriteString(`,"model":{`)
+	n := 0
+	for k, v := range model {
+		if k == "vocab" || k == "merges" {
+			continue
+		}
+		if n > 0 {
+			small.WriteByte(',')
+		}
+		n++
+		kb, _ := json.Marshal(k)
+		small.Write(kb)
+		small.WriteByte(':')
+		small.Write(v)
+	}
+	small.WriteString("}}")
+	var f fileJSON
+	if err := json.Unmarshal(small.Bytes(), &f); err != nil {
+		return nil, fmt.Errorf("tokenizer: tokenizer.json: %w", err)
+	}
+	f.Model.Vocab = model["vocab"]
+	f.Model.Merges = model["merges"]
+	if f.Model.Vocab == nil {
+		return nil, fmt.Errorf("tokenizer: tokenizer.json model has no vocab")
+	}
+	if f.Model.Merges == nil {
+		f.Model.Merges = []byte("[]")
+	}
+	return &f, nil
+}
+
 func (t *Tokenizer) buildModel(m *modelJSON) error {
 	if m.Type != "BPE" && m.Type != "" {
 		return unsupported("model", m.Type, "only BPE models are implemented")
@@ -156,24 +210,35 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	}
 	b := &bpe{fuseUnk: m.FuseUnk, byteFallback: m.ByteFallback, ignoreMerges: m.IgnoreMerges, unk: -1}
 	b.vocab = make(map[string]uint32, 1<<17)
+	type entry struct {
+		tok string
+		id  uint32
+	}
+	entries := make([]entry, 0, 1<<17)
 	maxID := uint32(0)
 	byteLevel := t.byteLevel
-	var perr error
-	err := parseVocab(m.Vocab, func(tok string, id uint32) {
-		if byteLevel {
-			tok = byteLevelDecode(tok)
+	var kb []byte
+	err := parseVocab(m.Vocab, func(raw []byte, id uint32) {
+		var tok string
+		if ok := false; byteLevel {
+			if kb, ok = appendByteLevelDecodeBytes(kb[:0], raw); ok {
+				tok = string(kb)
+			} else {
+				tok = string(raw)
+			}
+		} else {
+			tok = string(raw)
 		}
 		b.vocab[tok] = id
-		if id > maxID {
-			maxID = id
-		}
+		entries = append(entries, entry{tok, id})
+		maxID = max(maxID, id)
 	})
 	if err != nil {
 		return fmt.Errorf("tokenizer: model.vocab: %w", err)
 	}
 	b.idToTok = make([]string, maxID+1)
-	for tok, id := range b.vocab {
-		b.idToTok[id] = tok
+	for _, e := range entries {
+		b.idToTok[e.id] = e.tok
 	}
 	if byteLevel {
 		for i := range b.byteID {
@@ -204,16 +269,26 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	}
 	b.merges = newMergeTable(1 << 18)
 	rank := uint32(0)
-	err = parseMerges(m.Merges, func(x, y string) error {
+	var buf []byte
+	err = parseMerges(m.Merges, func(x, y []byte) error {
+		buf = buf[:0]
+		nx := len(x)
 		if byteLevel {
-			x, y = byteLevelDecode(x), byteLevelDecode(y)
+			var okx, oky bool
+			buf, okx = appendByteLevelDecodeBytes(buf, x)
+			nx = len(buf)
+			buf, oky = appendByteLevelDecodeBytes(buf, y)
+			if !okx || !oky {
+				return fmt.Errorf("tokenizer: merge %q %q is not in the byte-level alphabet", x, y)
+			}
+		} else {
+			buf = append(append(buf, x...), y...)
 		}
-		a, ok1 := b.vocab[x]
-		c, ok2 := b.vocab[y]
-		n, ok3 := b.vocab[x+y]
+		a, ok1 := b.vocab[string(buf[:nx])]
+		c, ok2 := b.vocab[string(buf[nx:])]
+		n, ok3 := b.vocab[string(buf)]
 		if !ok1 || !ok2 || !ok3 {
-			perr = fmt.Errorf("tokenizer: merge %q %q uses a token outside the vocab", x, y)
-			return perr
+			return fmt.Errorf("tokenizer: merge %q %q uses a token outside the vocab", x, y)
 		}
 		b.merges.put(a, c, rank, n)
 		rank++
