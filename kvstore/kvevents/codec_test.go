@@ -274,3 +274,34 @@ func TestRoundTripAllFields(t *testing.T) {
 		t.Fatalf("want ErrEncode for missing raw digest, got %v", err)
 	}
 }
+
+// TestDecodeVariants decodes payloads packed by msgpack-python (use_bin_type=True, as msgspec) in shapes the
+// goldens do not cover: SGLang's BlockStoredWithMetadata, every array field set plus a future one, and a map
+// event whose tag is not first with an unknown key.
+func TestDecodeVariants(t *testing.T) {
+	b, err := Decode(mustHex("93cb3ff80000000000009198ab426c6f636b53746f72656491fb03dc0010000102030405060708090a0b0c0d0e0f10c0a347505581aa63616368655f73616c74a473616c7400"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := b.Events[0].(BlockStored)
+	if s.CacheSalt != "salt" || s.BlockHashes[0] != EngineHash(0xfffffffffffffffb) || *s.ParentBlockHash != 3 || s.LoRAName != "" || len(s.TokenIDs) != 16 {
+		t.Fatalf("sglang metadata: %+v", s)
+	}
+	b, err = Decode(mustHex("93cb3ff8000000000000919dab426c6f636b53746f726564920102c0dc0020000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f1003a3475055a46c6f72619293a46c6f7261a473616c7494c40101cb3ff8000000000000fdc3c000ae66756c6c5f617474656e74696f6ec0a86c6f63616c697479c0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := BlockStored{BlockHashes: []EngineHash{1, 2}, TokenIDs: tokens(0, 32), BlockSize: 16, LoRAID: ptr(3), Medium: "GPU", LoRAName: "lora",
+		ExtraKeys: []ExtraKey{{"lora", "salt", []any{[]byte{1}, 1.5, int64(-3), true}}, nil}, GroupIdx: ptr(0), KVCacheSpecKind: "full_attention"}
+	if !reflect.DeepEqual(b.Events[0], want) || b.DataParallelRank != nil {
+		t.Fatalf("all fields:\n got %#v\nwant %#v", b.Events[0], want)
+	}
+	b, err = Decode(mustHex("92019184a66d656469756da3435055ac626c6f636b5f68617368657391c4200101010101010101010101010101010101010101010101010101010101010101a474797065ac426c6f636b52656d6f766564a666757475726581a1789101"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := b.Events[0].(BlockRemoved)
+	if r.Medium != "CPU" || r.BlockHashes[0] != 0x0101010101010101 || len(r.RawBlockHashes[0]) != 32 || b.TS != 1 {
+		t.Fatalf("map event: %+v", r)
+	}
+}
