@@ -137,13 +137,9 @@ func localAddr(s zmq4.Socket) string {
 // publish encodes events as one batch, assigns it the next sequence number, keeps it for replay and sends
 // it unless drop is set (a deliberate sequence gap).
 func (p *publisher) publish(events []kvEvent, drop bool) (uint64, error) {
-	batch := kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, DataParallelRank: new(int)}
-	for _, ev := range events {
-		batch.Events = append(batch.Events, p.convert(ev))
-	}
-	payload, err := kvevents.Encode(batch, p.layout, p.form)
+	payload, err := p.encode(float64(time.Now().UnixNano())/1e9, events)
 	if err != nil {
-		return 0, fmt.Errorf("sim: encode kv events: %w", err)
+		return 0, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -162,6 +158,19 @@ func (p *publisher) publish(events []kvEvent, drop bool) (uint64, error) {
 		return seq, fmt.Errorf("sim: publish kv events: %w", err)
 	}
 	return seq, nil
+}
+
+// encode builds one EventBatch (data_parallel_rank 0) and encodes it with kvevents.Encode.
+func (p *publisher) encode(ts float64, events []kvEvent) ([]byte, error) {
+	batch := kvevents.EventBatch{TS: ts, DataParallelRank: new(int)}
+	for _, ev := range events {
+		batch.Events = append(batch.Events, p.convert(ev))
+	}
+	payload, err := kvevents.Encode(batch, p.layout, p.form)
+	if err != nil {
+		return nil, fmt.Errorf("sim: encode kv events: %w", err)
+	}
+	return payload, nil
 }
 
 // restart starts the sequence over at 0 with an empty replay buffer, as a restarted engine would.
