@@ -42,6 +42,7 @@ type activation struct {
 	pool    chan *instance
 	retired chan struct{}
 	refs    atomic.Int64 // holders (callers, replacers) + retiredBit once retired
+	misses  atomic.Int32 // consecutive missed deadlines
 	retOnce sync.Once
 	finOnce sync.Once
 }
@@ -193,7 +194,7 @@ func (a *activation) replace(inst *instance) {
 				slog.String(attrPolicy, string(a.ver.v)), slog.String("error", err.Error()))
 			a.release(nil)
 			if !a.ver.trusted {
-				a.h.disable(a.ver)
+				a.h.disable(a.ver, "instance replacement failed")
 			}
 			return
 		}
@@ -305,47 +306,61 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 			done <- result{out, reason, code, broken}
 			return
 		}
-		// Abandoned: the caller has gone; this instance is never reused.
-		inst.close()
+		// Abandoned: the caller has already answered with the fallback.
 		h.abandonedNano.Add(int64(time.Since(abandonedAt(cctx))))
 		h.abandoned.Add(-1)
-		a.release(nil)
-	}()
-	select {
-	case r := <-done:
-		if r.reason == ReasonTimeout {
-			// wazero closed the module at the deadline (a loop it could interrupt).
-			inst.close()
-			h.replaced.Add(1)
-			a.release(nil)
-			h.disable(a.ver)
-			return nil, ReasonTimeout, 0, false
-		}
-		if r.broken {
+		state.v.Store(stateEnded)
+		if broken {
 			a.replace(inst)
 			a.release(nil)
 		} else {
-			a.release(inst)
+			a.release(inst) // late but sound (e.g. the goroutine was starved): keep the instance
 		}
-		return r.out, r.reason, r.code, false
+	}()
+	select {
+	case r := <-done:
+		return a.settle(inst, r.out, r.reason, r.code, r.broken)
 	case <-cctx.Done():
 		if state.abandon() {
 			h.abandoned.Add(1)
 			h.abandonedN.Add(1)
-			h.disable(a.ver)
+			a.miss()
+			// wazero stops an interruptible guest within about a millisecond of the deadline; a call
+			// still running StuckAfter later cannot be interrupted (a loop-free call tree): disable the
+			// version now so the model's previous activation serves.
+			time.AfterFunc(h.opts.StuckAfter, func() {
+				if state.v.Load() == stateAbandoned {
+					h.disable(a.ver, "call still running "+h.opts.StuckAfter.String()+" after its deadline")
+				}
+			})
 			return nil, ReasonTimeout, 0, false
 		}
 		r := <-done // finished just in time
-		if r.broken || r.reason == ReasonTimeout {
-			a.replace(inst)
-			a.release(nil)
-			if r.reason == ReasonTimeout {
-				h.disable(a.ver)
-			}
-		} else {
-			a.release(inst)
-		}
-		return r.out, r.reason, r.code, false
+		return a.settle(inst, r.out, r.reason, r.code, r.broken)
+	}
+}
+
+// settle returns or replaces the instance after a call that finished while its caller waited.
+func (a *activation) settle(inst *instance, out []int, reason Reason, code int32, broken bool) ([]int, Reason, int32, bool) {
+	if broken {
+		a.replace(inst)
+		a.release(nil)
+	} else {
+		a.release(inst)
+	}
+	switch reason {
+	case ReasonTimeout: // wazero closed the module at the deadline
+		a.miss()
+	case ReasonNone:
+		a.misses.Store(0)
+	}
+	return out, reason, code, false
+}
+
+// miss counts a missed deadline; MaxConsecutiveMisses in a row disable the version.
+func (a *activation) miss() {
+	if n := a.misses.Add(1); n >= int32(a.h.opts.MaxConsecutiveMisses) {
+		a.h.disable(a.ver, "missed "+itoa(int(n))+" deadlines in a row")
 	}
 }
 
@@ -446,8 +461,15 @@ func (w *capWriter) String() string {
 // atomicState settles the race between a call finishing and its caller giving up at the deadline.
 type atomicState struct{ v atomic.Int32 }
 
+const (
+	stateRunning   int32 = iota
+	stateFinished        // finished while the caller waited
+	stateAbandoned       // the caller gave up; still running
+	stateEnded           // abandoned, then ended
+)
+
 // finish reports whether the call finished before the caller gave up.
-func (s *atomicState) finish() bool { return s.v.CompareAndSwap(0, 1) }
+func (s *atomicState) finish() bool { return s.v.CompareAndSwap(stateRunning, stateFinished) }
 
 // abandon reports whether the caller gave up before the call finished.
-func (s *atomicState) abandon() bool { return s.v.CompareAndSwap(0, 2) }
+func (s *atomicState) abandon() bool { return s.v.CompareAndSwap(stateRunning, stateAbandoned) }

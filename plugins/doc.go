@@ -12,9 +12,11 @@
 // Rank never fails: on a trap, a missed deadline, a guest error code or an invalid ranking it returns the
 // native three-tier ranking (package threetier, same code as the built-in module) and counts why. A call
 // to an uploaded module runs on its own goroutine so the request gets its answer at the deadline even
-// when wazero cannot interrupt the guest (a loop-free exponential call tree); such a version is
-// disabled at once, its models go back to their previous activation, the stuck instance is never reused
-// and the number of abandoned calls still running is capped (Options.MaxAbandoned) and measured (Stats).
+// when wazero cannot interrupt the guest (a loop-free exponential call tree). A call still running
+// Options.StuckAfter past its deadline disables its version at that moment (as do MaxConsecutiveMisses
+// missed deadlines in a row); its models go back to their previous activation, the stuck instance is
+// never reused, and the abandoned calls still running are capped (Options.MaxAbandoned) and measured
+// (Stats, kvgate_policy_abandoned_*).
 //
 // Instances have no filesystem, network or sleep; only the real monotonic clock (Go's GC needs it) and
 // wazero's deterministic fake wall clock and random source; stdout/stderr are capped; memory is limited

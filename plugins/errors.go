@@ -11,8 +11,8 @@ var (
 	ErrInvalidModule = errors.New("plugins: invalid policy module")
 	// ErrUnknownVersion: Activate was given a Version that was never loaded.
 	ErrUnknownVersion = errors.New("plugins: unknown policy version")
-	// ErrVersionDisabled: the version was disabled after it missed a call deadline; load it again under
-	// another name only after fixing it.
+	// ErrVersionDisabled: the version was disabled after missing call deadlines (or a failed instance
+	// replacement); load it again under another name only after fixing it.
 	ErrVersionDisabled = errors.New("plugins: policy version disabled")
 	// ErrInitFailed: the guest's init rejected the config (or trapped) while an activation was built.
 	ErrInitFailed = errors.New("plugins: policy init failed")

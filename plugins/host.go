@@ -48,6 +48,13 @@ type Options struct {
 	// goroutine. While the cap is reached, uploaded modules are not called (fallback "abandon_limit").
 	// Default 4.
 	MaxAbandoned int
+	// StuckAfter: an uploaded call still running this long after its deadline is taken as
+	// uninterruptible (wazero stops loops within about 1 ms); its version is disabled at that moment and
+	// the model's previous activation serves. Default 50ms.
+	StuckAfter time.Duration
+	// MaxConsecutiveMisses: this many missed deadlines in a row (interrupted or not) disable a version.
+	// Default 3. A single miss (e.g. a starved goroutine) only costs that request the fallback.
+	MaxConsecutiveMisses int
 	// StderrLimitBytes is how much guest stdout+stderr is kept per instance. Default 4096.
 	StderrLimitBytes int
 	// LogBurstInterval: fallbacks are logged once, then at most once per interval with a count of those
@@ -70,6 +77,12 @@ func (o Options) withDefaults() Options {
 	if o.MaxAbandoned <= 0 {
 		o.MaxAbandoned = 4
 	}
+	if o.StuckAfter <= 0 {
+		o.StuckAfter = 50 * time.Millisecond
+	}
+	if o.MaxConsecutiveMisses <= 0 {
+		o.MaxConsecutiveMisses = 3
+	}
 	if o.StderrLimitBytes <= 0 {
 		o.StderrLimitBytes = 4096
 	}
@@ -89,7 +102,7 @@ type Reason uint8
 const (
 	ReasonNone         Reason = iota
 	ReasonTrap                // the guest trapped (panic outside the SDK, unreachable, out of memory...)
-	ReasonTimeout             // the call missed its deadline (the version is disabled)
+	ReasonTimeout             // the call missed its deadline (see Options.StuckAfter, MaxConsecutiveMisses)
 	ReasonGuestError          // the guest returned a negative error code
 	ReasonInvalid             // the ranking had an out-of-range or duplicate index, or was empty
 	ReasonTooLarge            // more endpoints than the guest's buffer holds
@@ -401,8 +414,8 @@ func (h *Host) stateLocked(model string) *modelState {
 	return st
 }
 
-// disable marks ver unusable and rolls back every model it is active for (called at a missed deadline).
-func (h *Host) disable(ver *version) {
+// disable marks ver unusable and rolls back every model it is active for.
+func (h *Host) disable(ver *version, why string) {
 	if ver.trusted || !ver.disabled.CompareAndSwap(false, true) {
 		return
 	}
@@ -417,8 +430,8 @@ func (h *Host) disable(ver *version) {
 			h.rollbackLocked(model, st, cur)
 		}
 	}
-	h.log.LogAttrs(context.Background(), slog.LevelWarn, "policy disabled after a missed deadline",
-		slog.String(attrPolicy, string(ver.v)))
+	h.log.LogAttrs(context.Background(), slog.LevelWarn, "policy disabled",
+		slog.String(attrPolicy, string(ver.v)), slog.String("why", why))
 }
 
 // VersionInfo describes one loaded version.
