@@ -26,5 +26,7 @@ func main() {
 
 // subcommands lists every sub-command; add yours here.
 func subcommands() []*cobra.Command {
-	return []*cobra.Command{}
+	return []*cobra.Command{
+		newKVCmd(),
+	}
 }
