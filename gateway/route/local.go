@@ -75,8 +75,7 @@ func (l *LocalReservations) Reserve(_ context.Context, ranked []kvstore.Candidat
 		if mr := l.scaled(c.Limits.MaxRequests); mr > 0 && u.Requests+cost.Requests > mr {
 			continue
 		}
-		// A request larger than the whole token limit may still run alone.
-		if mt := l.scaled(c.Limits.MaxTokens); mt > 0 && u.Tokens > 0 && u.Tokens+cost.Tokens > mt {
+		if mt := l.scaled(c.Limits.MaxTokens); mt > 0 && u.Tokens+min(cost.Tokens, mt) > mt {
 			continue
 		}
 		var b [12]byte

@@ -406,6 +406,13 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		return nil, openai.Unavailable(p.Request.Model)
 	}
 	cost := r.Cost(p)
+	// A request larger than an endpoint's whole token limit would never fit: it claims the whole limit
+	// (the engine itself rejects prompts over its context length).
+	for _, c := range ranked {
+		if c.Limits.MaxTokens > 0 && cost.Tokens > c.Limits.MaxTokens {
+			cost.Tokens = c.Limits.MaxTokens
+		}
+	}
 	deadline := start.Add(p.Model.QueueTimeout)
 	wait := 5 * time.Millisecond
 	for {

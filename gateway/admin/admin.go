@@ -1,0 +1,324 @@
+// Package admin is the gateway's admin API, mounted under /admin/v1 behind the server's auth middleware
+// (bearer admin token, compared in constant time, decided on the normalized path):
+//
+//	PUT  /admin/v1/policies/{name}      body: a Wasm module (≤ max_policy_bytes) → 201 + validation report
+//	GET  /admin/v1/policies             loaded versions and each model's active version and config
+//	POST /admin/v1/policies/activate    {"model","version":"name@sha256","config":{...}} → 200
+//	POST /admin/v1/policies/rollback    {"model"} → 200 with the version now active
+//	POST /admin/v1/route                a chat or completions body → the routing decision, not forwarded
+//
+// A version is "name@" + the module's lowercase hex sha256; activate accepts a unique prefix of at least
+// 8 hex digits. Errors use the OpenAI error shape.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/plugins"
+	"github.com/kvgate/kvgate/plugins/threetier"
+)
+
+// Host is the part of plugins.Host the admin API drives.
+type Host interface {
+	Load(name string, wasm []byte) (plugins.Version, plugins.ValidationReport, error)
+	Activate(model string, v plugins.Version, configJSON []byte) error
+	Rollback(model string) error
+	Versions() []plugins.VersionInfo
+	Active(model string) (plugins.Version, []byte)
+}
+
+// Sync publishes policy changes to the other gateways sharing the store (nil: a single gateway). Each call
+// happens after the local host accepted the change.
+type Sync interface {
+	PolicyLoaded(ctx context.Context, name string, wasm []byte) error
+	PolicyActivated(ctx context.Context, model string, v plugins.Version, configJSON []byte) error
+	PolicyRolledBack(ctx context.Context, model string) error
+}
+
+// Model is one served model for explain.
+type Model struct {
+	Model *route.Model
+	LoRA  string
+}
+
+// API is the admin API. Create with New and Mount it.
+type API struct {
+	Host           Host
+	Sync           Sync
+	Router         *route.Router
+	Models         map[string]Model // by client-facing name
+	ModelNames     []string         // base model names (activation targets)
+	MaxPolicyBytes int64
+}
+
+// Mount adds the routes to r (the /admin/v1 group).
+func (a *API) Mount(r fiber.Router) {
+	r.Put("/policies/:name", a.upload)
+	r.Get("/policies", a.list)
+	r.Post("/policies/activate", a.activate)
+	r.Post("/policies/rollback", a.rollback)
+	r.Post("/route", a.explain)
+}
+
+func fail(c *fiber.Ctx, e *openai.Error) error {
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(e.Status).Send(e.JSON())
+}
+
+// UploadResponse is the body of PUT /admin/v1/policies/{name}.
+type UploadResponse struct {
+	Version  plugins.Version          `json:"version"`
+	Accepted bool                     `json:"accepted"`
+	Report   plugins.ValidationReport `json:"report"`
+}
+
+func (a *API) upload(c *fiber.Ctx) error {
+	name := c.Params("name")
+	wasm := c.Body()
+	if int64(len(wasm)) > a.MaxPolicyBytes {
+		return fail(c, openai.TooLarge(a.MaxPolicyBytes))
+	}
+	if len(wasm) == 0 {
+		return fail(c, openai.BadRequest("body", "The body must be a Wasm module."))
+	}
+	wasm = append([]byte(nil), wasm...)
+	v, rep, err := a.Host.Load(name, wasm)
+	if err != nil {
+		if errors.Is(err, plugins.ErrBadName) {
+			return fail(c, openai.BadRequest("name", "%v", err))
+		}
+		if errors.Is(err, plugins.ErrInvalidModule) {
+			return c.Status(fiber.StatusUnprocessableEntity).JSON(UploadResponse{Version: rep.Version, Report: rep})
+		}
+		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
+	}
+	if a.Sync != nil {
+		if err := a.Sync.PolicyLoaded(c.UserContext(), name, wasm); err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Loaded here but not stored: %v", err))
+		}
+	}
+	return c.Status(fiber.StatusCreated).JSON(UploadResponse{Version: v, Accepted: true, Report: rep})
+}
+
+// ActiveInfo is one model's active policy in GET /admin/v1/policies.
+type ActiveInfo struct {
+	Version plugins.Version `json:"version"`
+	Config  json.RawMessage `json:"config"`
+}
+
+// ListResponse is the body of GET /admin/v1/policies.
+type ListResponse struct {
+	Versions []plugins.VersionInfo `json:"versions"`
+	Active   map[string]ActiveInfo `json:"active"`
+}
+
+func (a *API) list(c *fiber.Ctx) error {
+	out := ListResponse{Versions: a.Host.Versions(), Active: map[string]ActiveInfo{}}
+	for _, m := range a.ModelNames {
+		v, cfg := a.Host.Active(m)
+		if len(cfg) == 0 {
+			cfg = []byte("null")
+		}
+		out.Active[m] = ActiveInfo{Version: v, Config: cfg}
+	}
+	return c.JSON(out)
+}
+
+// ActivateRequest is the body of POST /admin/v1/policies/activate.
+type ActivateRequest struct {
+	Model   string          `json:"model"`
+	Version string          `json:"version"`
+	Config  json.RawMessage `json:"config"`
+}
+
+// ResolveVersion finds the loaded version named by s: exact, or name@ plus a unique hex prefix (≥ 8).
+func ResolveVersion(versions []plugins.VersionInfo, s string) (plugins.Version, error) {
+	name, hex, ok := strings.Cut(s, "@")
+	if !ok || name == "" || len(hex) < 8 {
+		return "", fmt.Errorf("version %q: want name@sha256 (at least 8 hex digits)", s)
+	}
+	var found []plugins.Version
+	for _, v := range versions {
+		if v.Name == name && strings.HasPrefix(v.SHA256, strings.ToLower(hex)) {
+			found = append(found, v.Version)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("version %q is not loaded", s)
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("version %q is ambiguous", s)
+}
+
+func (a *API) hasModel(m string) bool {
+	for _, n := range a.ModelNames {
+		if n == m {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *API) activate(c *fiber.Ctx) error {
+	var req ActivateRequest
+	if err := json.Unmarshal(c.Body(), &req); err != nil {
+		return fail(c, openai.BadRequest("", "Body must be {\"model\",\"version\",\"config\"}: %v", err))
+	}
+	if !a.hasModel(req.Model) {
+		return fail(c, openai.ModelNotFound(req.Model))
+	}
+	v, err := ResolveVersion(a.Host.Versions(), req.Version)
+	if err != nil {
+		return fail(c, openai.BadRequest("version", "%v", err))
+	}
+	cfg := []byte(req.Config)
+	if len(cfg) == 0 || string(cfg) == "null" {
+		cfg = []byte("{}")
+	}
+	if err := a.Host.Activate(req.Model, v, cfg); err != nil {
+		return fail(c, openai.BadRequest("config", "%v", err))
+	}
+	if a.Sync != nil {
+		if err := a.Sync.PolicyActivated(c.UserContext(), req.Model, v, cfg); err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Activated here but not stored: %v", err))
+		}
+	}
+	return c.JSON(fiber.Map{"model": req.Model, "version": v})
+}
+
+func (a *API) rollback(c *fiber.Ctx) error {
+	var req struct {
+		Model string `json:"model"`
+	}
+	if err := json.Unmarshal(c.Body(), &req); err != nil {
+		return fail(c, openai.BadRequest("", "Body must be {\"model\"}: %v", err))
+	}
+	if !a.hasModel(req.Model) {
+		return fail(c, openai.ModelNotFound(req.Model))
+	}
+	if err := a.Host.Rollback(req.Model); err != nil {
+		if errors.Is(err, plugins.ErrNoPrevious) {
+			return fail(c, openai.Errorf(409, "invalid_request_error", "model", "no_previous", "%v", err))
+		}
+		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
+	}
+	if a.Sync != nil {
+		if err := a.Sync.PolicyRolledBack(c.UserContext(), req.Model); err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Rolled back here but not stored: %v", err))
+		}
+	}
+	v, _ := a.Host.Active(req.Model)
+	return c.JSON(fiber.Map{"model": req.Model, "version": v})
+}
+
+// ExplainEndpoint is one candidate in POST /admin/v1/route.
+type ExplainEndpoint struct {
+	ID                 string  `json:"id"`
+	Rank               int     `json:"rank"` // 0-based position in the policy's ranking
+	GPUBlocks          int     `json:"gpu_blocks"`
+	CPUBlocks          int     `json:"cpu_blocks"`
+	MatchRate          float64 `json:"match_rate"` // (GPU + 0.8·CPU blocks)·block_size / prompt tokens
+	Waiting            float64 `json:"waiting"`
+	Running            float64 `json:"running"`
+	KVCacheUtilization float64 `json:"kv_cache_utilization"`
+	InFlightRequests   int64   `json:"inflight_requests"`
+	InFlightTokens     int64   `json:"inflight_tokens"`
+	MaxInflightReqs    int64   `json:"max_inflight_requests"`
+	MaxInflightTokens  int64   `json:"max_inflight_tokens"`
+	HasCapacity        bool    `json:"has_capacity"`
+}
+
+// ExplainResponse is the body of POST /admin/v1/route.
+type ExplainResponse struct {
+	Model        string             `json:"model"`
+	LoRA         string             `json:"lora,omitempty"`
+	API          string             `json:"api"`
+	PromptTokens int                `json:"prompt_tokens"`
+	BlockSize    int                `json:"block_size"`
+	Blocks       int                `json:"blocks"`
+	Policy       string             `json:"policy"`
+	Fallback     string             `json:"fallback,omitempty"`
+	LoadOnly     bool               `json:"load_only"`
+	Endpoints    []ExplainEndpoint  `json:"endpoints"`
+	Ranking      []string           `json:"ranking"`
+	Chosen       string             `json:"chosen"` // first ranked endpoint with capacity now ("" if none)
+	StagesMicros map[string]float64 `json:"stages_us"`
+}
+
+func (a *API) explain(c *fiber.Ctx) error {
+	body := append([]byte(nil), c.Body()...)
+	api := openai.Completions
+	if strings.Contains(c.Query("api"), "chat") || jsonHas(body, "messages") {
+		api = openai.Chat
+	}
+	req, err := openai.ParseRequest(api, body)
+	if err != nil {
+		var oe *openai.Error
+		errors.As(err, &oe)
+		return fail(c, oe)
+	}
+	sm, ok := a.Models[req.Model]
+	if !ok {
+		return fail(c, openai.ModelNotFound(req.Model))
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), 5*time.Second)
+	defer cancel()
+	p, err := a.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
+	if err != nil {
+		var oe *openai.Error
+		if errors.As(err, &oe) {
+			return fail(c, oe)
+		}
+		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
+	}
+	out := ExplainResponse{Model: sm.Model.Name, LoRA: sm.LoRA, API: api.String(), PromptTokens: len(p.IDs),
+		BlockSize: sm.Model.BlockSize, Blocks: len(p.Keys), Policy: p.Info.Policy, Fallback: p.Info.Fallback,
+		LoadOnly: p.LoadOnly, StagesMicros: map[string]float64{}}
+	rank := make([]int, len(p.Candidates))
+	for pos, i := range p.Ranking {
+		rank[i] = pos
+	}
+	cost := a.Router.Cost(p)
+	for i, cd := range p.Candidates {
+		room := (cd.Limits.MaxRequests == 0 || cd.InFlight.Requests+cost.Requests <= cd.Limits.MaxRequests) &&
+			(cd.Limits.MaxTokens == 0 || cd.InFlight.Tokens == 0 || cd.InFlight.Tokens+cost.Tokens <= cd.Limits.MaxTokens)
+		out.Endpoints = append(out.Endpoints, ExplainEndpoint{ID: cd.ID, Rank: rank[i], GPUBlocks: cd.GPUBlocks,
+			CPUBlocks: cd.CPUBlocks,
+			MatchRate: threetier.MatchRate(uint32(cd.GPUBlocks), uint32(cd.CPUBlocks), uint32(sm.Model.BlockSize),
+				uint32(len(p.IDs)), threetier.DefaultConfig().CPUWeight),
+			Waiting: cd.Load.Waiting, Running: cd.Load.Running, KVCacheUtilization: cd.Load.KVCacheUsage,
+			InFlightRequests: cd.InFlight.Requests, InFlightTokens: cd.InFlight.Tokens,
+			MaxInflightReqs: cd.Limits.MaxRequests, MaxInflightTokens: cd.Limits.MaxTokens, HasCapacity: room})
+	}
+	for _, i := range p.Ranking {
+		out.Ranking = append(out.Ranking, p.Candidates[i].ID)
+		if out.Chosen == "" && out.Endpoints[i].HasCapacity {
+			out.Chosen = p.Candidates[i].ID
+		}
+	}
+	for k, d := range p.Stages {
+		out.StagesMicros[k] = float64(d.Nanoseconds()) / 1e3
+	}
+	return c.JSON(out)
+}
+
+// jsonHas reports whether the top-level object has key.
+func jsonHas(body []byte, key string) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return false
+	}
+	_, ok := m[key]
+	return ok
+}

@@ -1,0 +1,304 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/endpoints"
+	"github.com/kvgate/kvgate/gateway/metrics"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/server"
+	"github.com/kvgate/kvgate/gateway/upstream"
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/kvevents"
+	"github.com/kvgate/kvgate/plugins"
+	"github.com/kvgate/kvgate/sdk"
+)
+
+// Options start a Gateway.
+type Options struct {
+	// Config is the parsed configuration; every model must list its endpoints (serve fills in simulated
+	// ones before calling Start).
+	Config *config.Config
+	// Secrets are read from the environment by the caller (config.Config.Secrets).
+	Secrets config.Secrets
+	// LoadEncoder loads a model's tokenizer directory (gateway/model.Load in production).
+	LoadEncoder func(dir string) (route.Encoder, error)
+	// Listener, if set, is served instead of listening on Config.Listen.
+	Listener net.Listener
+	// Log receives JSON logs; nil = slog.Default().
+	Log *slog.Logger
+}
+
+// Gateway is one running gateway: its server, router, store, policy host and event ingesters.
+type Gateway struct {
+	cfg       *config.Config
+	log       *slog.Logger
+	ln        net.Listener
+	srv       *server.Server
+	router    *route.Router
+	host      *plugins.Host
+	index     kvstore.Index
+	eps       *endpoints.Set
+	metrics   *metrics.Metrics
+	ingesters []*kvevents.Ingester
+	models    map[string]server.ServedModel
+	// policySync propagates admin policy changes through the store (nil with the memory store).
+	policySync admin.Sync
+
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	serveCh chan error
+}
+
+// Start wires and starts a gateway: store, policy host (config policies activated), endpoint probes (one
+// synchronous round before serving), event ingesters and the HTTP server. ctx bounds the start-up only.
+func Start(ctx context.Context, o Options) (*Gateway, error) {
+	cfg := o.Config
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if o.LoadEncoder == nil {
+		return nil, errors.New("gateway: Options.LoadEncoder is required")
+	}
+	g := &Gateway{cfg: cfg, log: log, metrics: metrics.New(), models: map[string]server.ServedModel{}}
+	runCtx, cancel := context.WithCancel(context.Background())
+	g.cancel = cancel
+	ok := false
+	defer func() {
+		if !ok {
+			g.Close(context.Background())
+		}
+	}()
+
+	// Store.
+	var res kvstore.Reservations
+	var pinger route.Pinger
+	switch cfg.Store.Kind {
+	case config.StoreMemory:
+		mi := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+		g.index = mi
+		res = kvstore.NewMemoryReservations(nil)
+		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
+			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
+	default:
+		return nil, fmt.Errorf("gateway: store kind %q is not wired yet", cfg.Store.Kind)
+	}
+
+	// Policies.
+	host, err := plugins.New(ctx, plugins.Options{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: policy host: %w", err)
+	}
+	g.host = host
+	for _, m := range cfg.Models {
+		if err := g.activateConfigPolicy(m); err != nil {
+			return nil, err
+		}
+	}
+
+	// Endpoints and models.
+	up := upstream.New(cfg.UpstreamIdleTimeout)
+	var all []endpoints.Endpoint
+	for i := range cfg.Models {
+		m := &cfg.Models[i]
+		enc, err := o.LoadEncoder(m.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: model %s: tokenizer %s: %w", m.Name, m.Tokenizer, err)
+		}
+		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc}
+		for _, e := range m.Endpoints {
+			rm.Endpoints = append(rm.Endpoints, route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
+				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens}})
+			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL})
+		}
+		g.models[m.Name] = server.ServedModel{Model: rm}
+		for _, l := range m.LoRAAdapters {
+			g.models[l] = server.ServedModel{Model: rm, LoRA: l}
+		}
+	}
+	g.eps = endpoints.NewSet(all, up.HTTP(), cfg.ScrapeInterval, log)
+	probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)
+	g.eps.ProbeAll(probeCtx)
+	pc()
+	g.wg.Go(func() { g.eps.Run(runCtx) })
+
+	// Event ingestion.
+	for _, m := range cfg.Models {
+		for _, e := range m.Endpoints {
+			if e.KVEvents == "" {
+				continue
+			}
+			in, err := kvevents.NewIngester(kvevents.IngesterConfig{Endpoint: kvstore.EndpointID(e.ID), Model: m.Name,
+				EventsAddr: e.KVEvents, ReplayAddr: e.KVReplay, BlockSize: m.BlockSize,
+				Hasher: kvstore.Hasher{Seed: cfg.BlockKeySeed}, Index: g.index, Logger: log})
+			if err != nil {
+				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
+			}
+			if err := in.Start(runCtx); err != nil {
+				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
+			}
+			g.ingesters = append(g.ingesters, in)
+		}
+	}
+	g.registerIngestMetrics()
+
+	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: res, Pinger: pinger,
+		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
+		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
+		Metrics: g.metrics, Log: log})
+
+	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
+		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails})
+
+	ln := o.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: listen: %w", err)
+		}
+	}
+	g.ln = ln
+	g.serveCh = make(chan error, 1)
+	go func() { g.serveCh <- g.srv.Serve(ln) }()
+	log.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.Int("models", len(cfg.Models)),
+		slog.Int("endpoints", len(all)), slog.String("store", cfg.Store.Kind))
+	ok = true
+	return g, nil
+}
+
+// activateConfigPolicy activates the policy the config names for m: the built-in three-tier with its config.
+func (g *Gateway) activateConfigPolicy(m config.Model) error {
+	name := m.Policy.Name
+	if name == config.DefaultPolicyName || name == string(g.host.BuiltinVersion()) ||
+		strings.HasPrefix(string(g.host.BuiltinVersion()), name+"@") && strings.Contains(name, "@") {
+		if err := g.host.Activate(m.Name, g.host.BuiltinVersion(), m.Policy.ConfigJSON()); err != nil {
+			return fmt.Errorf("gateway: model %s: policy: %w", m.Name, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("gateway: model %s: policy %q is not built in; upload it and activate it through the admin API", m.Name, name)
+}
+
+// Addr is the address the server listens on.
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// Router returns the routing pipeline (explain and tests).
+func (g *Gateway) Router() *route.Router { return g.router }
+
+// Host returns the policy host.
+func (g *Gateway) Host() *plugins.Host { return g.host }
+
+// Metrics returns the gateway's metrics.
+func (g *Gateway) Metrics() *metrics.Metrics { return g.metrics }
+
+// Index returns the KV index.
+func (g *Gateway) Index() kvstore.Index { return g.index }
+
+// IngestStats returns every ingester's stats.
+func (g *Gateway) IngestStats() []kvevents.Stats {
+	out := make([]kvevents.Stats, len(g.ingesters))
+	for i, in := range g.ingesters {
+		out[i] = in.Stats()
+	}
+	return out
+}
+
+// Close stops serving, cancels in-flight requests, stops probes and ingestion, and closes the policy host.
+func (g *Gateway) Close(ctx context.Context) error {
+	var errs []error
+	if g.srv != nil {
+		errs = append(errs, g.srv.Shutdown(ctx))
+	}
+	if g.cancel != nil {
+		g.cancel()
+	}
+	for _, in := range g.ingesters {
+		errs = append(errs, in.Close())
+	}
+	g.wg.Wait()
+	if g.router != nil {
+		g.router.Close()
+	}
+	if g.host != nil {
+		errs = append(errs, g.host.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// hostRanker adapts plugins.Host to route.Ranker.
+type hostRanker struct{ h *plugins.Host }
+
+func (r hostRanker) Rank(ctx context.Context, model string, s *sdk.Snapshot) ([]int, route.RankInfo) {
+	rk, info := r.h.Rank(ctx, model, s)
+	ri := route.RankInfo{Policy: string(info.Version)}
+	if info.Fallback {
+		ri.Fallback = info.Reason.String()
+	}
+	return rk, ri
+}
+
+func (g *Gateway) readyDetails() map[string]any {
+	type ing struct {
+		Connected  bool    `json:"connected"`
+		LagSeconds float64 `json:"lag_seconds"`
+		Gaps       uint64  `json:"gaps"`
+		Replays    uint64  `json:"replays"`
+		Resyncing  bool    `json:"resyncing"`
+		Error      string  `json:"config_error,omitempty"`
+	}
+	out := map[string]ing{}
+	for _, s := range g.IngestStats() {
+		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.ConfigError}
+	}
+	return map[string]any{"ingestion": out}
+}
+
+// registerIngestMetrics exposes event lag, gaps and replays per endpoint from the ingesters' stats.
+func (g *Gateway) registerIngestMetrics() {
+	g.metrics.Registry.MustRegister(&ingestCollector{g: g})
+}
+
+var (
+	descLag = prometheus.NewDesc("kvgate_event_lag_seconds", "Receive time minus batch timestamp of the last applied KV-event batch.", []string{"endpoint"}, nil)
+	descGap = prometheus.NewDesc("kvgate_event_gaps_total", "KV-event sequence gaps.", []string{"endpoint"}, nil)
+	descRep = prometheus.NewDesc("kvgate_event_replays_total", "Replays that closed a KV-event gap.", []string{"endpoint"}, nil)
+	descRF  = prometheus.NewDesc("kvgate_event_replay_failures_total", "Replays that failed (endpoint cleared).", []string{"endpoint"}, nil)
+	descEv  = prometheus.NewDesc("kvgate_events_total", "KV events applied.", []string{"endpoint"}, nil)
+	descCon = prometheus.NewDesc("kvgate_event_connected", "1 while the KV-event subscriber is connected.", []string{"endpoint"}, nil)
+)
+
+type ingestCollector struct{ g *Gateway }
+
+func (c *ingestCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon} {
+		ch <- d
+	}
+}
+
+func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.g.IngestStats() {
+		ep := string(s.Endpoint)
+		conn := 0.0
+		if s.Connected {
+			conn = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, s.Lag.Seconds(), ep)
+		ch <- prometheus.MustNewConstMetric(descGap, prometheus.CounterValue, float64(s.Gaps), ep)
+		ch <- prometheus.MustNewConstMetric(descRep, prometheus.CounterValue, float64(s.Replays), ep)
+		ch <- prometheus.MustNewConstMetric(descRF, prometheus.CounterValue, float64(s.ReplayFailures), ep)
+		ch <- prometheus.MustNewConstMetric(descEv, prometheus.CounterValue, float64(s.Events), ep)
+		ch <- prometheus.MustNewConstMetric(descCon, prometheus.GaugeValue, conn, ep)
+	}
+}

@@ -1,0 +1,166 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/cmd/enginesim/sim"
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/tokenizer"
+)
+
+const qwenDir = "../examples/models/qwen3"
+
+// chatMLEncoder is a test encoder: the real Qwen3 tokenizer over a plain ChatML rendering of the messages
+// (text content only). The gateway's production encoder is gateway/model; these tests exercise routing and
+// proxying, for which any deterministic rendering that the engine receives as prompt_token_ids is exact.
+type chatMLEncoder struct{ tok *tokenizer.Tokenizer }
+
+func (e chatMLEncoder) EncodeChat(body []byte) (string, []uint32, error) {
+	var req struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return "", nil, err
+	}
+	var b strings.Builder
+	for _, m := range req.Messages {
+		fmt.Fprintf(&b, "<|im_start|>%s\n%s<|im_end|>\n", m.Role, m.Content)
+	}
+	b.WriteString("<|im_start|>assistant\n")
+	return b.String(), e.tok.Encode(b.String(), false), nil
+}
+
+func (e chatMLEncoder) EncodeCompletion(p string) []uint32 { return e.tok.Encode(p, true) }
+
+var (
+	tokOnce sync.Once
+	tok     *tokenizer.Tokenizer
+	tokErr  error
+)
+
+func testEncoder(string) (route.Encoder, error) {
+	tokOnce.Do(func() { tok, tokErr = tokenizer.Load(qwenDir) })
+	return chatMLEncoder{tok}, tokErr
+}
+
+// startSims starts n simulated engines serving "qwen3" with KV events on loopback.
+func startSims(t *testing.T, n int, mod func(*sim.Config)) []*sim.Engine {
+	t.Helper()
+	var out []*sim.Engine
+	for range n {
+		c := sim.DefaultConfig()
+		c.Model = qwenDir
+		c.ServedModelNames = []string{"qwen3"}
+		c.Host = "127.0.0.1"
+		c.NumGPUBlocks = 4096
+		c.TimeScale = 0.05
+		c.KVEvents = sim.KVEventsConfig{EnableKVCacheEvents: true, Publisher: "zmq",
+			Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0", BufferSteps: 1000, HWM: 100000, MaxQueueSize: 100000}
+		if mod != nil {
+			mod(&c)
+		}
+		e, err := sim.Start(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		out = append(out, e)
+	}
+	return out
+}
+
+// simEndpointsYAML renders the endpoints list for engines.
+func simEndpointsYAML(engines []*sim.Engine, maxReq int) string {
+	var b strings.Builder
+	for i, e := range engines {
+		fmt.Fprintf(&b, "      - {id: e%d, engine: enginesim, url: \"http://%s\", kv_events: %q, kv_replay: %q, max_inflight_requests: %d, max_inflight_tokens: 1000000}\n",
+			i, e.HTTPAddr(), e.EventsAddr(), e.ReplayAddr(), maxReq)
+	}
+	return b.String()
+}
+
+// startGateway starts a gateway on a loopback port from YAML; the admin token is "admintok".
+func startGateway(t *testing.T, yaml string) *Gateway {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"KVGATE_ADMIN_TOKEN": "admintok", "KVGATE_TEST_KEYS": "ck1,ck2"}
+	logLevel := slog.LevelWarn
+	if testing.Verbose() {
+		logLevel = slog.LevelInfo
+	}
+	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
+		LoadEncoder: testEncoder, Listener: ln,
+		Log: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		g.Close(ctx)
+	})
+	return g
+}
+
+func gwYAML(endpointsYAML string, extra string) string {
+	return "listen: \"127.0.0.1:0\"\nscrape_interval: 100ms\n" + extra + `
+models:
+  - name: qwen3
+    tokenizer: ` + qwenDir + `
+    block_size: 16
+    queue_timeout: 400ms
+    lora_adapters: [qwen3-lora]
+    endpoints:
+` + endpointsYAML
+}
+
+// post sends a JSON body and returns status, headers and body.
+func post(t *testing.T, url, body string, hdr ...string) (int, http.Header, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+// waitFor polls cond every 20ms up to d.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cond()
+}
