@@ -57,7 +57,7 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	model, err := loadTextModel(cfg.Model)
+	model, err := loadTextModel(cfg.Model, log)
 	if err != nil {
 		return nil, err
 	}

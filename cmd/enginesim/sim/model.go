@@ -1,11 +1,12 @@
 package sim
 
 import (
-	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
+	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
@@ -19,30 +20,36 @@ func hasTokenizerFiles(dir string) bool {
 	return false
 }
 
-// loadTextModel returns the model's text pipeline: its own tokenizer and chat template when dir holds
-// tokenizer files, else the byte-level fallback.
-func loadTextModel(dir string) (textModel, error) {
+// loadTextModel returns the model's text pipeline: gateway/model (its own tokenizer and chat template,
+// the same code the gateway tokenizes with) when dir holds tokenizer files, else the byte-level fallback.
+// A directory whose chat template cannot be loaded still serves completions and pre-tokenized chat; text
+// chat requests then get a 400.
+func loadTextModel(dir string, log *slog.Logger) (textModel, error) {
 	if !hasTokenizerFiles(dir) {
 		return byteModel{}, nil
 	}
-	tok, err := tokenizer.Load(dir)
+	m, err := model.Load(dir)
 	if err != nil {
-		return nil, fmt.Errorf("sim: load tokenizer from %s: %w", dir, err)
+		tok, terr := tokenizer.Load(dir)
+		if terr != nil {
+			return nil, fmt.Errorf("sim: load tokenizer from %s: %w", dir, terr)
+		}
+		log.Warn("chat template unavailable: text chat requests will be rejected", slog.String("model", dir),
+			slog.String("error", err.Error()))
+		m = model.New(tok, nil)
 	}
-	return &hfModel{tok: tok}, nil
+	return &hfModel{m: m}, nil
 }
 
-// hfModel is the pipeline of a model directory: gateway/tokenizer for encoding and decoding.
+// hfModel is the pipeline of a model directory (gateway/model).
 type hfModel struct {
-	tok *tokenizer.Tokenizer
+	m *model.Model
 }
 
-func (m *hfModel) Kind() string { return "tokenizer" }
+func (h *hfModel) Kind() string { return "tokenizer" }
 
-func (m *hfModel) EncodeCompletion(prompt string) []uint32 { return m.tok.Encode(prompt, true) }
+func (h *hfModel) EncodeChat(body []byte) (string, []uint32, error) { return h.m.EncodeChat(body) }
 
-func (m *hfModel) Decode(ids []uint32) string { return m.tok.Decode(ids) }
+func (h *hfModel) EncodeCompletion(prompt string) []uint32 { return h.m.EncodeCompletion(prompt) }
 
-func (m *hfModel) EncodeChat(body []byte) (string, []uint32, error) {
-	return "", nil, errors.New("chat template rendering is not wired yet; send prompt_token_ids")
-}
+func (h *hfModel) Decode(ids []uint32) string { return h.m.Tokenizer().Decode(ids) }
