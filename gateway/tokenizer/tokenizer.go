@@ -184,3 +184,20 @@ func (t *Tokenizer) VocabSize() int {
 
 // ResetCache empties the word cache (benchmarks use it to measure cold encoding).
 func (t *Tokenizer) ResetCache() { t.cache.reset() }
+
+// SplitAdded cuts text at added tokens exactly as the first step of Encode does (the tokens HF matches on
+// the raw text: normalized=false), calling text for each run of ordinary text and token for each added
+// token, in order. Encode(s, false) equals the concatenation of AppendEncodeText over the text runs and
+// the token IDs, so a caller may cache the encoding of repeated runs (gateway/model does, per chat turn).
+// text must be valid UTF-8 (see Encode).
+func (t *Tokenizer) SplitAdded(s string, text func(string), token func(uint32)) {
+	t.rawAdded.split(s, text, token)
+}
+
+// AppendEncodeText appends the IDs of one run of text from SplitAdded (normalization, the normalized
+// added tokens, pre-tokenization and BPE; no post-processor) to dst.
+func (t *Tokenizer) AppendEncodeText(dst []uint32, s string) []uint32 {
+	e := encoder{t: t, out: dst}
+	e.normalizeText(s)
+	return e.out
+}

@@ -1,7 +1,7 @@
 // Regenerates kvgate's tokenizer goldens with HF's official Rust tokenizers (npm "tokenizers", napi binding).
 //
 // Usage (from this folder, after `npm ci`):
-//   node regen_goldens.js [--models DIR] [--out DIR] [model ...]
+//   node regen_goldens.js [--models DIR] [--out DIR] [--renders DIR] [model ...]
 // DIR defaults: --models $KVGATE_MODELS_DIR or <repo>/.cache/models (fetched by `make models`),
 //               --out ../goldens. Models default to all five reference models.
 // Inputs (in the out folder): corpus.jsonl and fuzz.jsonl ({"name","text"} per line), bench.txt.gz.
@@ -13,6 +13,9 @@
 // when decode(ids, skip_special_tokens=false) != text}. Bench line: {"name":"bench.txt","count","count_special",
 // "sha256"} with sha256 over the IDs joined by ",". The format is the one of the shared reference goldens, so
 // `git diff` after a run shows any drift.
+// --renders DIR (default <repo>/gateway/model/testdata/renders): for every DIR/<model>/<name>.txt (reference
+// chat-template renders), writes DIR/<model>.ids.jsonl with {"name","ids"} (add_special_tokens=false, as
+// vLLM encodes chat prompts).
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -34,10 +37,12 @@ function repoRoot() {
 
 function parseArgs(argv) {
   const o = { models: process.env.KVGATE_MODELS_DIR || path.join(repoRoot(), '.cache', 'models'),
-              out: path.join(__dirname, '..', 'goldens'), names: [] };
+              out: path.join(__dirname, '..', 'goldens'),
+              renders: path.join(repoRoot(), 'gateway', 'model', 'testdata', 'renders'), names: [] };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--models') o.models = argv[++i];
     else if (argv[i] === '--out') o.out = argv[++i];
+    else if (argv[i] === '--renders') o.renders = argv[++i];
     else o.names.push(argv[i]);
   }
   if (o.names.length === 0) o.names = ALL;
@@ -78,6 +83,16 @@ async function main() {
     const flines = [];
     for (const c of fuzz) flines.push(await caseLine(tok, c));
     fs.writeFileSync(path.join(o.out, 'fuzz-' + m + '.jsonl'), flines.join('\n') + '\n');
+    const rdir = path.join(o.renders, m);
+    if (fs.existsSync(rdir)) {
+      const rlines = [];
+      for (const f of fs.readdirSync(rdir).filter((f) => f.endsWith('.txt')).sort()) {
+        const text = fs.readFileSync(path.join(rdir, f), 'utf8');
+        const rids = Array.from((await tok.encode(text, null, { addSpecialTokens: false })).getIds());
+        rlines.push(JSON.stringify({ name: f.slice(0, -4), ids: rids }));
+      }
+      fs.writeFileSync(path.join(o.renders, m + '.ids.jsonl'), rlines.join('\n') + '\n');
+    }
     console.error(`${m}: ${corpus.length} corpus + ${fuzz.length} fuzz cases, bench ${ids.length} tokens`);
   }
 }

@@ -1,0 +1,237 @@
+package model
+
+import (
+	"bufio"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/gateway/tokenizer"
+)
+
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); missing fails under
+// CI=true and skips otherwise.
+func modelDir(t testing.TB, m string) string {
+	t.Helper()
+	base := os.Getenv("KVGATE_MODELS_DIR")
+	if base == "" {
+		base = filepath.Join(repoRoot(t), ".cache", "models")
+	}
+	dir := filepath.Join(base, m)
+	if _, err := os.Stat(dir); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("model %s missing at %s (CI=true): run `make models`", m, dir)
+		}
+		t.Skipf("model %s missing at %s: run `make models`", m, dir)
+	}
+	return dir
+}
+
+var (
+	toksMu sync.Mutex
+	toks   = map[string]*tokenizer.Tokenizer{}
+)
+
+func loadTok(t testing.TB, dir string) *tokenizer.Tokenizer {
+	t.Helper()
+	toksMu.Lock()
+	defer toksMu.Unlock()
+	if tk, ok := toks[dir]; ok {
+		return tk
+	}
+	tk, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks[dir] = tk
+	return tk
+}
+
+type idsLine struct {
+	Name string   `json:"name"`
+	IDs  []uint32 `json:"ids"`
+}
+
+func readIDs(t testing.TB, path string) []idsLine {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []idsLine
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var l idsLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// TestRenderIDs encodes the 28 reference chat renders (4 templates x 7 conversations) and compares with
+// the IDs HF's tokenizers produced for them, through the segment cache (twice: cold and cached).
+func TestRenderIDs(t *testing.T) {
+	for _, m := range []string{"qwen3", "llama3_1", "deepseek_v3", "gemma3"} {
+		t.Run(m, func(t *testing.T) {
+			md := New(loadTok(t, modelDir(t, m)), nil)
+			golden := readIDs(t, filepath.Join("testdata", "renders", m+".ids.jsonl"))
+			if len(golden) != 7 {
+				t.Fatalf("%d renders, want 7", len(golden))
+			}
+			for _, g := range golden {
+				b, err := os.ReadFile(filepath.Join("testdata", "renders", m, g.Name+".txt"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for pass := range 2 {
+					if got := md.EncodePrompt(string(b)); !slices.Equal(got, g.IDs) {
+						t.Errorf("%s pass %d: EncodePrompt\n got  %v\n want %v", g.Name, pass, got, g.IDs)
+					}
+				}
+				if got := md.Tokenizer().Encode(string(b), false); !slices.Equal(got, g.IDs) {
+					t.Errorf("%s: Encode differs from golden", g.Name)
+				}
+			}
+		})
+	}
+}
+
+// benchText returns the tokenizer package's 1 MB bench text.
+func benchText(t testing.TB) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(repoRoot(t), "gateway", "tokenizer", "testdata", "goldens", "bench.txt.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// chatML renders turns in Qwen's ChatML layout (the shape Qwen3's template produces for plain messages).
+func chatML(turns []string) string {
+	var sb strings.Builder
+	sb.WriteString("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+	for i, t := range turns {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		fmt.Fprintf(&sb, "<|im_start|>%s\n%s<|im_end|>\n", role, t)
+	}
+	sb.WriteString("<|im_start|>assistant\n")
+	return sb.String()
+}
+
+// conversation cuts the bench text into turns of about turnBytes bytes until the rendered prompt holds
+// at least minTokens tokens.
+func conversation(t testing.TB, tk *tokenizer.Tokenizer, turnBytes, minTokens int) []string {
+	text := benchText(t)
+	var turns []string
+	for off := 0; off+turnBytes <= len(text); off += turnBytes {
+		turns = append(turns, strings.ToValidUTF8(text[off:off+turnBytes], ""))
+		if len(turns)%8 == 0 && len(tk.Encode(chatML(turns), false)) >= minTokens {
+			break
+		}
+	}
+	return turns
+}
+
+// TestEncodePromptEqualsEncode re-encodes a growing conversation turn by turn: each turn's IDs must equal
+// the uncached Encode, and the cache must have served the earlier turns.
+func TestEncodePromptEqualsEncode(t *testing.T) {
+	tk := loadTok(t, modelDir(t, "qwen3"))
+	md := New(tk, nil)
+	turns := conversation(t, tk, 1500, 8000)
+	for k := 1; k <= len(turns); k++ {
+		p := chatML(turns[:k])
+		if got, want := md.EncodePrompt(p), tk.Encode(p, false); !slices.Equal(got, want) {
+			t.Fatalf("turn %d: EncodePrompt differs from Encode (%d vs %d IDs)", k, len(got), len(want))
+		}
+	}
+	if n := md.segs.len(); n < len(turns) {
+		t.Errorf("segment cache holds %d segments, want >= %d", n, len(turns))
+	}
+	// Invalid UTF-8 is repaired as Encode does.
+	bad := "<|im_start|>user\n" + strings.Repeat("x\xff", 40) + "<|im_end|>"
+	if got, want := md.EncodePrompt(bad), tk.Encode(bad, false); !slices.Equal(got, want) {
+		t.Errorf("invalid UTF-8: %v vs %v", got, want)
+	}
+}
+
+func TestEncodeCompletionAddsBOS(t *testing.T) {
+	tk := loadTok(t, modelDir(t, "llama3_1"))
+	md := New(tk, nil)
+	got := md.EncodeCompletion("Hello")
+	want := []uint32{128000, 9906} // <|begin_of_text|> Hello (HF tokenizers)
+	if !slices.Equal(got, want) {
+		t.Errorf("EncodeCompletion = %v, want %v", got, want)
+	}
+}
+
+func TestEncodeChatWithoutTemplate(t *testing.T) {
+	md := New(loadTok(t, modelDir(t, "llama2")), nil)
+	if _, _, err := md.EncodeChat([]byte(`{"messages":[]}`)); !errors.Is(err, ErrNoChatTemplate) {
+		t.Errorf("err = %v, want ErrNoChatTemplate", err)
+	}
+}
+
+func TestSegmentCacheBounded(t *testing.T) {
+	c := newSegmentCache(16 * 4096)
+	for i := range 10000 {
+		s := fmt.Sprintf("%08d%s", i, strings.Repeat("x", 100))
+		c.put(s, []uint32{uint32(i)})
+	}
+	total := 0
+	for i := range c.shards {
+		if c.shards[i].bytes > c.shards[i].limit {
+			t.Errorf("shard %d holds %d bytes over its limit %d", i, c.shards[i].bytes, c.shards[i].limit)
+		}
+		total += len(c.shards[i].items)
+	}
+	if total == 0 || total >= 10000 {
+		t.Errorf("cache holds %d entries", total)
+	}
+	// The most recent entry survives.
+	s := fmt.Sprintf("%08d%s", 9999, strings.Repeat("x", 100))
+	if ids, ok := c.get(s); !ok || ids[0] != 9999 {
+		t.Errorf("latest entry missing")
+	}
+}
