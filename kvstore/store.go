@@ -1,0 +1,105 @@
+package kvstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// StoreConfig selects and configures a Store (config `store:`).
+type StoreConfig struct {
+	// Kind is "memory" (one gateway; the default when empty) or "redis" (shared by many gateways).
+	Kind string
+	// Addrs are Redis addresses "host:port" (Kind redis). With Cluster, any subset of the cluster's nodes.
+	Addrs []string
+	// Cluster selects a Redis Cluster client.
+	Cluster bool
+	// Username, Password and DB are passed to the Redis client (DB must be 0 with Cluster).
+	Username, Password string
+	DB                 int
+	// Prefix is RedisConfig.Prefix.
+	Prefix string
+	// MaxKeys bounds the memory index (MemoryConfig.MaxKeys).
+	MaxKeys int
+	// Now is the memory backends' clock (nil means time.Now).
+	Now func() time.Time
+}
+
+// Store bundles the parts of one shared-state backend. Every field is safe for concurrent use.
+type Store struct {
+	// Kind is "memory" or "redis".
+	Kind         string
+	Index        Index
+	Reservations Reservations
+	Blobs        Blobs
+	Leases       Leases
+	// Redis is the underlying client (nil for memory), for health details and tests.
+	Redis redis.UniversalClient
+}
+
+// OpenStore builds the Store cfg describes. For Redis it pings the server once, returning the error if
+// Redis is unreachable within ctx; the client reconnects by itself afterwards. Close releases it.
+func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
+	switch cfg.Kind {
+	case "", "memory":
+		mb := NewMemoryBlobs(cfg.Now)
+		return &Store{
+			Kind:         "memory",
+			Index:        NewMemoryIndex(MemoryConfig{MaxKeys: cfg.MaxKeys, Now: cfg.Now}),
+			Reservations: NewMemoryReservations(cfg.Now),
+			Blobs:        mb,
+			Leases:       mb,
+		}, nil
+	case "redis":
+	default:
+		return nil, fmt.Errorf("kvstore: store kind %q (want memory or redis): %w", cfg.Kind, ErrInvalidArgument)
+	}
+	if len(cfg.Addrs) == 0 {
+		return nil, fmt.Errorf("kvstore: redis store without addrs: %w", ErrInvalidArgument)
+	}
+	var c redis.UniversalClient
+	if cfg.Cluster {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password})
+	} else {
+		if len(cfg.Addrs) != 1 {
+			return nil, fmt.Errorf("kvstore: %d redis addrs without cluster: %w", len(cfg.Addrs), ErrInvalidArgument)
+		}
+		c = redis.NewClient(&redis.Options{Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, DB: cfg.DB})
+	}
+	rc := RedisConfig{Prefix: cfg.Prefix}
+	idx, err1 := NewRedisIndex(c, rc)
+	res, err2 := NewRedisReservations(c, rc)
+	bl, err3 := NewRedisBlobs(c, rc)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Redis: c}
+	if err := s.Ping(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Ping reports whether the store is reachable (always nil for memory).
+func (s *Store) Ping(ctx context.Context) error {
+	if s.Redis == nil {
+		return nil
+	}
+	if err := s.Redis.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("kvstore: redis ping: %w", err)
+	}
+	return nil
+}
+
+// Close releases the store's connections.
+func (s *Store) Close() error {
+	if s.Redis == nil {
+		return nil
+	}
+	return s.Redis.Close()
+}
