@@ -49,6 +49,7 @@ type Gateway struct {
 	router    *route.Router
 	host      *plugins.Host
 	index     kvstore.Index
+	res       kvstore.Reservations
 	eps       *endpoints.Set
 	metrics   *metrics.Metrics
 	ingesters []*kvevents.Ingester
@@ -83,13 +84,12 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}()
 
 	// Store.
-	var res kvstore.Reservations
 	var pinger route.Pinger
 	switch cfg.Store.Kind {
 	case config.StoreMemory:
 		mi := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
 		g.index = mi
-		res = kvstore.NewMemoryReservations(nil)
+		g.res = kvstore.NewMemoryReservations(nil)
 		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
 			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
 	default:
@@ -154,7 +154,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	g.registerIngestMetrics()
 
-	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: res, Pinger: pinger,
+	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger,
 		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
 		Metrics: g.metrics, Log: log})
@@ -202,6 +202,9 @@ func (g *Gateway) Host() *plugins.Host { return g.host }
 
 // Metrics returns the gateway's metrics.
 func (g *Gateway) Metrics() *metrics.Metrics { return g.metrics }
+
+// Reservations returns the store's reservations (nil when none).
+func (g *Gateway) Reservations() kvstore.Reservations { return g.res }
 
 // Index returns the KV index.
 func (g *Gateway) Index() kvstore.Index { return g.index }

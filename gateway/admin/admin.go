@@ -82,7 +82,7 @@ type UploadResponse struct {
 }
 
 func (a *API) upload(c *fiber.Ctx) error {
-	name := c.Params("name")
+	name := strings.Clone(c.Params("name")) // Fiber reuses the buffer behind Params
 	wasm := c.Body()
 	if int64(len(wasm)) > a.MaxPolicyBytes {
 		return fail(c, openai.TooLarge(a.MaxPolicyBytes))
