@@ -318,7 +318,7 @@ func (r *reader) tokens(where string) ([]uint32, error) {
 	}
 	ts := make([]uint32, n)
 	for i := range ts {
-		// Inline the two common encodings (fixint, uint16) before the general path.
+		// Inline the common encodings (fixint, uint16, uint32) before the general path.
 		if r.off < len(r.b) {
 			if c := r.b[r.off]; c <= 0x7f {
 				ts[i] = uint32(c)
@@ -327,6 +327,10 @@ func (r *reader) tokens(where string) ([]uint32, error) {
 			} else if c == 0xcd && r.off+3 <= len(r.b) {
 				ts[i] = uint32(binary.BigEndian.Uint16(r.b[r.off+1:]))
 				r.off += 3
+				continue
+			} else if c == 0xce && r.off+5 <= len(r.b) {
+				ts[i] = binary.BigEndian.Uint32(r.b[r.off+1:])
+				r.off += 5
 				continue
 			}
 		}
@@ -801,7 +805,16 @@ func (r *reader) mapEvent() (Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Find the tag first: msgspec writes it first, but accept it anywhere.
+	// msgspec writes the tag first: then one pass suffices.
+	if n > 0 && r.off+6 <= len(r.b) && string(r.b[r.off:r.off+5]) == "\xa4type" {
+		r.off += 5
+		tag, _, err := r.rawStr(false, "event tag")
+		if err != nil {
+			return nil, err
+		}
+		return r.mapFields(tag, n-1, -1)
+	}
+	// Otherwise find the tag, then parse again.
 	var tag []byte
 	for range n {
 		k, _, err := r.rawStr(false, "event key")
@@ -822,6 +835,14 @@ func (r *reader) mapEvent() (Event, error) {
 	if tag == nil {
 		return nil, r.fail(ErrWrongType, "event", "map event without \"type\"")
 	}
+	r.off = start
+	_, _ = r.containerLen(true, "event")
+	return r.mapFields(tag, n, end)
+}
+
+// mapFields parses n key/value pairs of a map event with the given tag (a "type" key among them is
+// skipped). end >= 0 is where the map ends when known (second pass), so an unknown tag skips to it.
+func (r *reader) mapFields(tag []byte, n, end int) (Event, error) {
 	var names map[string]int
 	switch string(tag) {
 	case TagBlockStored:
@@ -829,17 +850,37 @@ func (r *reader) mapEvent() (Event, error) {
 	case TagBlockRemoved:
 		names = removedNames
 	case TagAllBlocksCleared:
+		if end >= 0 {
+			r.off = end
+			return AllBlocksCleared{}, nil
+		}
+		for range 2 * n {
+			if err := r.skip(1, "event"); err != nil {
+				return nil, err
+			}
+		}
 		return AllBlocksCleared{}, nil
 	default:
+		if end >= 0 {
+			r.off = end
+			return nil, nil
+		}
+		for range 2 * n {
+			if err := r.skip(1, "event"); err != nil {
+				return nil, err
+			}
+		}
 		return nil, nil
 	}
-	r.off = start
-	_, _ = r.containerLen(true, "event")
+	stored := string(tag) == TagBlockStored
 	var s BlockStored
 	var rm BlockRemoved
 	seen := 0
 	for range n {
-		k, _, _ := r.rawStr(false, "event key")
+		k, _, err := r.rawStr(false, "event key")
+		if err != nil {
+			return nil, err
+		}
 		pos, ok := names[string(k)]
 		if !ok {
 			if err := r.skip(1, "event"); err != nil { // "type" included
@@ -848,7 +889,7 @@ func (r *reader) mapEvent() (Event, error) {
 			continue
 		}
 		seen |= 1 << pos
-		if names == nil || string(tag) == TagBlockStored {
+		if stored {
 			err = r.storedField(&s, pos)
 		} else {
 			err = r.removedField(&rm, pos)
@@ -857,11 +898,10 @@ func (r *reader) mapEvent() (Event, error) {
 			return nil, err
 		}
 	}
-	r.off = end
 	if seen&(1<<1) == 0 {
 		return nil, r.fail(ErrWrongType, string(tag), "map event without block_hashes")
 	}
-	if string(tag) == TagBlockStored {
+	if stored {
 		return s, nil
 	}
 	return rm, nil

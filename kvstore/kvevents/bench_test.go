@@ -1,0 +1,148 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+// benchBatches builds n vLLM GPU store batches of one BlockStored each: blocks blocks of 16 tokens with token
+// IDs spread over a 152k vocabulary (so fixint, uint8, uint16 and uint32 encodings all occur), the first
+// half of each batch's blocks as a root chain and the second as a child event continuing it. Every fourth
+// batch also evicts the previous batch's blocks, as a full cache would.
+func benchBatches(n, blocks int, layout Layout) (payloads [][]byte, stored int) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	next := EngineHash(1)
+	var prev []EngineHash
+	for range n {
+		toks := make([]uint32, blocks*16)
+		for i := range toks {
+			toks[i] = uint32(rng.IntN(152000))
+		}
+		hs := make([]EngineHash, blocks)
+		for i := range hs {
+			hs[i] = next
+			next++
+		}
+		h := blocks / 2
+		evs := []Event{
+			BlockStored{BlockHashes: hs[:h], TokenIDs: toks[:h*16], BlockSize: 16, Medium: "GPU"},
+			BlockStored{BlockHashes: hs[h:], ParentBlockHash: &hs[h-1], TokenIDs: toks[h*16:], BlockSize: 16, Medium: "GPU"},
+		}
+		if len(payloads)%4 == 3 {
+			evs = append(evs, BlockRemoved{BlockHashes: prev, Medium: "GPU"})
+		}
+		p, err := Encode(EventBatch{TS: 1.7e9, Events: evs, DataParallelRank: new(int)}, layout, HashUint)
+		if err != nil {
+			panic(err)
+		}
+		payloads = append(payloads, p)
+		stored += blocks
+		prev = hs
+	}
+	return payloads, stored
+}
+
+func BenchmarkDecode(b *testing.B) {
+	for _, layout := range []Layout{LayoutArrayLast, LayoutMap} {
+		b.Run(fmt.Sprintf("%s/32blocks", layout), func(b *testing.B) {
+			ps, stored := benchBatches(64, 32, layout)
+			size := 0
+			for _, p := range ps {
+				size += len(p)
+			}
+			b.SetBytes(int64(size / len(ps)))
+			i := 0
+			for b.Loop() {
+				if _, err := Decode(ps[i%len(ps)]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(stored/len(ps))*float64(i)/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
+// prefill puts the benchmark shape into idx: keys block keys, 16 endpoints, each key held by 1–3 of
+// them on GPU.
+func prefill(idx kvstore.Index, keys int) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	byEP := make([][]kvstore.BlockKey, 16)
+	for k := range keys {
+		key := kvstore.BlockKey(rng.Uint64())
+		for range 1 + k%3 {
+			e := rng.IntN(16)
+			byEP[e] = append(byEP[e], key)
+		}
+	}
+	for e, ks := range byEP {
+		_ = idx.Add(ctx, testModel, kvstore.EndpointID(fmt.Sprintf("p%d", e)), kvstore.TierGPU, ks)
+	}
+}
+
+// BenchmarkIngestMemory measures one endpoint's ingestion (decode, keying with kvstore.Hasher, engine-hash
+// map, Index.Add/Remove) into a memory index pre-filled with 1 M keys held by 16 other endpoints.
+func BenchmarkIngestMemory(b *testing.B) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	prefill(idx, 1<<20)
+	ps, stored := benchBatches(4096, 32, LayoutMap)
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	seq := uint64(0)
+	b.ResetTimer()
+	for b.Loop() {
+		// Past the end, the same batches come again from seq 0: an engine restart (the endpoint is cleared).
+		w := seq % uint64(len(ps))
+		ing.handle(ctx, w, ps[w])
+		seq++
+	}
+	b.ReportMetric(float64(stored/len(ps))*float64(seq)/b.Elapsed().Seconds(), "blocks/s")
+	if s := ing.Stats(); s.DecodeErrors+s.Orphans+s.IndexErrors+s.Gaps+s.UnknownRemoved != 0 {
+		b.Fatalf("stats %+v", s)
+	}
+}
+
+// discardIndex accepts every call and keeps nothing: BenchmarkIngestDiscard measures the ingestion path
+// itself (decode, keying, engine-hash map) without an index behind it.
+type discardIndex struct{}
+
+func (discardIndex) Match(context.Context, string, []kvstore.BlockKey) ([]kvstore.EndpointMatch, error) {
+	return nil, nil
+}
+func (discardIndex) Record(context.Context, string, kvstore.EndpointID, []kvstore.BlockKey, time.Duration) error {
+	return nil
+}
+func (discardIndex) Add(context.Context, string, kvstore.EndpointID, kvstore.Tier, []kvstore.BlockKey) error {
+	return nil
+}
+func (discardIndex) Remove(context.Context, string, kvstore.EndpointID, kvstore.Tier, []kvstore.BlockKey) error {
+	return nil
+}
+func (discardIndex) ClearEndpoint(context.Context, string, kvstore.EndpointID) error { return nil }
+
+func BenchmarkIngestDiscard(b *testing.B) {
+	ps, stored := benchBatches(4096, 32, LayoutMap)
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: discardIndex{}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	seq := uint64(0)
+	for b.Loop() {
+		// Past the end, the same batches come again from seq 0: an engine restart (the endpoint is cleared).
+		w := seq % uint64(len(ps))
+		ing.handle(ctx, w, ps[w])
+		seq++
+	}
+	b.ReportMetric(float64(stored/len(ps))*float64(seq)/b.Elapsed().Seconds(), "blocks/s")
+}
