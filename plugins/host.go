@@ -40,6 +40,9 @@ type Options struct {
 	// CallTimeout is the per-call deadline of uploaded modules, and of each validation sample.
 	// Default 5ms. The trusted built-in runs without one.
 	CallTimeout time.Duration
+	// ValidationTimeout is the deadline of each validation sample (after one untimed-but-bounded warm-up
+	// call), longer than CallTimeout so a busy machine does not reject a sound module. Default 50ms.
+	ValidationTimeout time.Duration
 	// MemoryLimitPages caps each instance's linear memory in 64 KiB pages. Default 512 (32 MiB).
 	MemoryLimitPages uint32
 	// CacheDir, if set, is wazero's on-disk compilation cache (compiled code survives restarts).
@@ -70,6 +73,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CallTimeout <= 0 {
 		o.CallTimeout = 5 * time.Millisecond
+	}
+	if o.ValidationTimeout <= 0 {
+		o.ValidationTimeout = 50 * time.Millisecond
 	}
 	if o.MemoryLimitPages == 0 {
 		o.MemoryLimitPages = 512

@@ -99,7 +99,7 @@ func TestActivateConfigReachesGuest(t *testing.T) {
 }
 
 func TestLoadRejects(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond})
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond, ValidationTimeout: 2 * time.Millisecond})
 	cases := []struct {
 		file string
 		want []string // substrings that must appear among the problems
@@ -109,8 +109,8 @@ func TestLoadRejects(t *testing.T) {
 		{"missing", []string{"missing export kvgate_policy_abi_v1", "missing export kvgate_policy_choose"}},
 		{"newer", []string{"guest ABI v1.9 is newer than the host's v1.0"}},
 		{"invalid", []string{"sample no-endpoints: invalid_ranking"}},
-		{"loop", []string{"sample no-endpoints: no answer within the 2ms deadline"}},
-		{"calltree", []string{"sample no-endpoints: no answer within the 2ms deadline"}},
+		{"loop", []string{"warm-up call: no answer within 20ms"}},
+		{"calltree", []string{"warm-up call: no answer within 20ms"}},
 	}
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {

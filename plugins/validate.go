@@ -166,14 +166,20 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 		problem("guest ABI v%d.%d is newer than the host's v%d.%d", sdk.ABIMajor, rep.ABIMinor, sdk.ABIMajor, sdk.ABIMinor)
 		return rep
 	}
-	// Sample snapshots, each under the call deadline. A miss gives up on the instance (it may still be
-	// running: it is abandoned like a live call and counted).
+	// One warm-up call (a Go guest's first call is slower) under 10 × ValidationTimeout, then the
+	// sample snapshots, each under ValidationTimeout. A miss gives up on the instance (it may still be running:
+	// it is abandoned like a live call and counted).
+	warm := SampleSnapshots()[2].Snapshot
+	if _, reason, _ := h.sampleCall(ctx, ver, inst, &warm, 10*h.opts.ValidationTimeout); reason == ReasonTimeout {
+		problem("warm-up call: no answer within %s", 10*h.opts.ValidationTimeout)
+		return rep
+	}
 	for _, smp := range SampleSnapshots() {
 		res := SampleResult{Name: smp.Name, Endpoints: len(smp.Snapshot.Endpoints)}
 		s := smp.Snapshot
 		s.Endpoints = slices.Clone(s.Endpoints)
 		t0 := time.Now()
-		out, reason, code := h.sampleCall(ctx, ver, inst, &s)
+		out, reason, code := h.sampleCall(ctx, ver, inst, &s, h.opts.ValidationTimeout)
 		res.Duration = time.Since(t0)
 		switch reason {
 		case ReasonNone:
@@ -184,7 +190,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 		case ReasonGuestError:
 			res.Problem = fmt.Sprintf("guest error code %d", code)
 		case ReasonTimeout:
-			res.Problem = fmt.Sprintf("no answer within the %s deadline", h.opts.CallTimeout)
+			res.Problem = fmt.Sprintf("no answer within the %s deadline", h.opts.ValidationTimeout)
 			inst = nil // abandoned or closed by wazero
 		case ReasonTrap:
 			res.Problem = "trap: " + strings.TrimSpace(inst.out.String())
@@ -209,7 +215,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 
 // sampleCall runs one validation call like a live uploaded call: on its own goroutine, given up at the
 // deadline. The trusted built-in is called directly.
-func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *Snapshot) ([]int, Reason, int32) {
+func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *Snapshot, timeout time.Duration) ([]int, Reason, int32) {
 	for i := range s.Endpoints {
 		s.Endpoints[i].Index = uint32(i)
 	}
@@ -220,7 +226,7 @@ func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *
 	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
 		return nil, ReasonAbandonLimit, 0
 	}
-	cctx, cancel := context.WithTimeout(ctx, h.opts.CallTimeout)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type result struct {
 		out    []int

@@ -1,0 +1,59 @@
+// Command least-loaded is an example kvgate routing policy: healthy endpoints by load (waiting +
+// gateway in-flight requests, the three-tier policy's load), lower first, ties by the request-seeded
+// key sdk.TieKey. It ignores the cache.
+package main
+
+import (
+	"slices"
+
+	"github.com/kvgate/kvgate/sdk"
+)
+
+type item struct {
+	load, key uint64
+	idx       uint32
+}
+
+// Policy is the least-loaded policy. It takes no config.
+type Policy struct {
+	sdk.BasePolicy
+	items []item
+}
+
+func cmp(a, b item) int {
+	switch {
+	case a.load != b.load:
+		return compare(a.load, b.load)
+	case a.key != b.key:
+		return compare(a.key, b.key)
+	}
+	return int(a.idx) - int(b.idx)
+}
+
+func compare(a, b uint64) int {
+	if a < b {
+		return -1
+	}
+	return 1
+}
+
+// Choose ranks the healthy endpoints by load, then tie key.
+func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
+	p.items = p.items[:0]
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if e.Healthy() {
+			p.items = append(p.items, item{load: uint64(e.Waiting) + uint64(e.InFlightRequests),
+				key: sdk.TieKey(s.Request.Seed, e.Index), idx: e.Index})
+		}
+	}
+	slices.SortFunc(p.items, cmp)
+	for _, it := range p.items {
+		r.Add(it.idx)
+	}
+	return nil
+}
+
+func init() { sdk.Register(&Policy{}) }
+
+func main() {}
