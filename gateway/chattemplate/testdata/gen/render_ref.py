@@ -3,7 +3,15 @@
 
 Run from gateway/chattemplate/testdata:  /usr/bin/python3 gen/render_ref.py [OUTDIR]
 (default OUTDIR: renders_py). Needs Debian's python3-jinja2, which loads only
-under /usr/bin/python3.
+under /usr/bin/python3. It writes OUTDIR/<model>/<conversation>.txt and, from
+cases.json, cases_py.json (one expected output per case).
+
+cases.json pairs a request (what the Go side renders) with "vars": the
+template variables vLLM would hand the template for that request, written out
+by hand from vLLM's source (chat_utils.py parse_chat_messages and
+_postprocess_messages, protocol.py build_chat_params, model_dump of tools).
+Cases with "continue_final" get transformers' continue_final_message cut.
+strftime_now is pinned to 2026-07-04 09:05:03 for the cases.
 
 The Jinja environment is the one transformers builds in
 transformers/utils/chat_template_utils.py (_compile_jinja_template), which is
@@ -50,6 +58,52 @@ def environment():
     return env
 
 
+FIXED_NOW = datetime.datetime(2026, 7, 4, 9, 5, 3)
+
+
+def continue_final(rendered, messages):
+    # transformers.utils.chat_template_utils.render_jinja_template, continue_final_message branch.
+    final = messages[-1]["content"]
+    if isinstance(final, (list, tuple)):
+        for block in reversed(final):
+            if "text" in block:
+                final = block["text"]
+                break
+        else:
+            raise ValueError("no text to continue in the final message")
+    if final.strip() not in rendered:
+        raise ValueError("final message not in the rendered chat")
+    loc = rendered.rindex(final.strip())
+    if rendered[loc:loc + len(final.lstrip())] == final:
+        return rendered[:loc + len(final.lstrip())]
+    return rendered[:loc + len(final.strip())]
+
+
+def render_cases(special):
+    env = environment()
+    env.globals["strftime_now"] = lambda fmt: FIXED_NOW.strftime(fmt)
+    out = {}
+    for case in load("cases.json"):
+        if "template_file" in case:
+            with open(os.path.join("templates", case["template_file"] + ".jinja"), encoding="utf-8") as f:
+                source = f.read()
+            kwargs = dict(special.get(case["template_file"], {}))
+        else:
+            source = case["template"]
+            kwargs = {}
+        kwargs.update(case["vars"])
+        try:
+            text = env.from_string(source).render(**kwargs)
+            if case.get("continue_final"):
+                text = continue_final(text, kwargs["messages"])
+        except Exception as exc:
+            text = "ERROR: %s: %s" % (type(exc).__name__, exc)
+        out[case["name"]] = text
+    with open("cases_py.json", "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
 def load(name):
     with open(name, encoding="utf-8") as f:
         return json.load(f)
@@ -82,7 +136,8 @@ def main():
             path = os.path.join(out_root, model, conv["name"] + ".txt")
             with open(path, "w", encoding="utf-8", newline="") as f:
                 f.write(text)
-    print("wrote", out_root)
+    render_cases(special)
+    print("wrote", out_root, "and cases_py.json")
 
 
 if __name__ == "__main__":
