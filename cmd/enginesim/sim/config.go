@@ -191,8 +191,8 @@ func (c *Config) Validate() error {
 		return bad("default-max-tokens", "%d < 1", c.DefaultMaxTokens)
 	case c.MaxNumSeqs < 1:
 		return bad("max-num-seqs", "%d < 1", c.MaxNumSeqs)
-	case c.MaxNumBatchedTokens < 1:
-		return bad("max-num-batched-tokens", "%d < 1", c.MaxNumBatchedTokens)
+	case c.MaxNumBatchedTokens < c.MaxNumSeqs:
+		return bad("max-num-batched-tokens", "%d is below max-num-seqs %d (as vLLM requires)", c.MaxNumBatchedTokens, c.MaxNumSeqs)
 	case c.StepOverhead < 0 || c.DecodePerSeq < 0 || c.PrefillPerToken < 0 || c.CPUReloadPerToken < 0:
 		return bad("timing", "durations must not be negative")
 	case c.KVBytesPerToken < 0:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -37,6 +36,10 @@ type Engine struct {
 	waiting  []*request
 	running  []*request
 	vclock   time.Duration // simulated model time, advanced by each step
+	// The step being slept, so that a request arriving mid-step gets the model time it arrived at.
+	inStep    bool
+	stepStart time.Time
+	stepDur   time.Duration
 	peak     int
 	loopDone chan struct{}
 	stop     chan struct{}
@@ -259,11 +262,20 @@ func (e *Engine) submit(prompt []uint32, lora, salt string, maxTokens int, notif
 	if e.closed {
 		return nil, ErrClosed
 	}
-	r.arrivalV = e.vclock
+	r.arrivalV = e.now()
 	e.waiting = append(e.waiting, r)
 	e.m.waiting.Set(float64(len(e.waiting)))
 	e.cond.Signal()
 	return r, nil
+}
+
+// now returns the current simulated model time: the clock at the last step's end, plus the part of the
+// running step already slept (wall time / TimeScale, at most the step's duration).
+func (e *Engine) now() time.Duration {
+	if !e.inStep || e.cfg.TimeScale == 0 {
+		return e.vclock
+	}
+	return e.vclock + min(e.stepDur, time.Duration(float64(time.Since(e.stepStart))/e.cfg.TimeScale))
 }
 
 // cancel stops a request whose client went away; the scheduler drops it at its next step.
@@ -310,6 +322,7 @@ func (e *Engine) loop() {
 			}
 			continue
 		}
+		e.inStep, e.stepStart, e.stepDur = true, time.Now(), dur
 		e.mu.Unlock()
 		if d := time.Duration(float64(dur) * e.cfg.TimeScale); d > 0 {
 			t := time.NewTimer(d)
@@ -323,6 +336,7 @@ func (e *Engine) loop() {
 		if e.closed {
 			return
 		}
+		e.inStep = false
 		e.vclock += dur
 		e.apply(work)
 		e.flushEvents()
@@ -494,7 +508,18 @@ func (e *Engine) apply(work []stepWork) {
 func (e *Engine) updateGauges() {
 	e.m.running.Set(float64(len(e.running)))
 	e.m.waiting.Set(float64(len(e.waiting)))
-	e.m.usage.Set(e.cache.usage())
+	e.m.usage.Set(e.usage())
+}
+
+// usage is the KV-cache usage vLLM would report: GPU blocks holding computed tokens of running requests,
+// as a fraction of capacity. The simulator reserves a request's output blocks at admission (see
+// RATIONALE.md); blocks reserved but not yet written are not counted, as vLLM allocates them as it goes.
+func (e *Engine) usage() float64 {
+	unfilled := 0
+	for _, r := range e.running {
+		unfilled += len(r.blocks) - min(len(r.blocks), e.blocksFor(r.computed+r.generatedN))
+	}
+	return float64(e.cache.pinned-unfilled) / float64(e.cfg.NumGPUBlocks)
 }
 
 // flushEvents publishes the pending cache events as one batch (vLLM publishes once per scheduler step when
@@ -580,7 +605,5 @@ func (e *Engine) Stats() Stats {
 	defer e.mu.Unlock()
 	g, c := e.cache.cachedBlocks()
 	return Stats{Running: len(e.running), Waiting: len(e.waiting), PeakRunning: e.peak, GPUCachedBlocks: g,
-		CPUCachedBlocks: c, KVCacheUsage: e.cache.usage(), ModelTime: e.vclock}
+		CPUCachedBlocks: c, KVCacheUsage: e.usage(), ModelTime: e.vclock}
 }
-
-var _ = errors.Is

@@ -465,3 +465,30 @@ func TestStartRejectsBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// kv_cache_usage_perc counts the blocks a running request has written (prompt plus tokens so far), not
+// the output blocks reserved for it.
+func TestKVCacheUsageDuringRequest(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NumGPUBlocks = 100; c.StepOverhead = time.Millisecond; c.TimeScale = 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := `{"model":"m","prompt":` + mustJSON(seqTokens(160, 1)) + `,"max_tokens":1000,"stream":true}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+e.HTTPAddr()+"/v1/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	// 160 prompt tokens = 10 blocks, plus at most a few blocks of output so far; 73 blocks are reserved.
+	u := metric(t, e, `vllm:kv_cache_usage_perc{model_name="m"}`)
+	if u < 0.10 || u > 0.20 {
+		t.Fatalf("usage %v, want 0.10..0.20", u)
+	}
+	if s := e.Stats(); s.Running != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}

@@ -176,6 +176,10 @@ func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonReque
 		e.reject(w, badRequest("max_tokens must be at least 1, got %d.", s.maxTokens))
 		return served{}, false
 	}
+	if c.StreamOptions != nil && !c.Stream {
+		e.reject(w, badRequest("Stream options can only be defined when `stream=True`."))
+		return served{}, false
+	}
 	if c.N != nil && *c.N != 1 {
 		e.reject(w, badRequest("n must be 1 (enginesim generates one choice per prompt), got %d.", *c.N))
 		return served{}, false
