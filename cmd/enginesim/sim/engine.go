@@ -29,20 +29,20 @@ type Engine struct {
 	ln  net.Listener
 	srv *http.Server
 
-	mu       sync.Mutex
-	cond     *sync.Cond
-	closed   bool
-	cache    *kvCache
-	waiting  []*request
-	running  []*request
-	vclock   time.Duration // simulated model time, advanced by each step
+	mu      sync.Mutex
+	cond    *sync.Cond
+	closed  bool
+	cache   *kvCache
+	waiting []*request
+	running []*request
+	vclock  time.Duration // simulated model time, advanced by each step
 	// The step being slept, so that a request arriving mid-step gets the model time it arrived at.
 	inStep    bool
 	stepStart time.Time
 	stepDur   time.Duration
-	peak     int
-	loopDone chan struct{}
-	stop     chan struct{}
+	peak      int
+	loopDone  chan struct{}
+	stop      chan struct{}
 }
 
 // Start builds and starts an engine: HTTP on cfg.Host:cfg.Port (0 = free port), the scheduler, and the
