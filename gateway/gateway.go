@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
 	"github.com/kvgate/kvgate/gateway/metrics"
@@ -48,14 +48,17 @@ type Gateway struct {
 	srv       *server.Server
 	router    *route.Router
 	host      *plugins.Host
+	store     *kvstore.Store
 	index     kvstore.Index
 	res       kvstore.Reservations
+	holder    string // this gateway's lease holder ID
 	eps       *endpoints.Set
 	metrics   *metrics.Metrics
-	ingesters []*kvevents.Ingester
+	ingMu     sync.Mutex
+	ingesters map[string]*kvevents.Ingester // endpoint → running ingester (this gateway holds its lease)
 	models    map[string]server.ServedModel
 	// policySync propagates admin policy changes through the store (nil with the memory store).
-	policySync admin.Sync
+	policySync *policySync
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -73,7 +76,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	if o.LoadEncoder == nil {
 		return nil, errors.New("gateway: Options.LoadEncoder is required")
 	}
-	g := &Gateway{cfg: cfg, log: log, metrics: metrics.New(), models: map[string]server.ServedModel{}}
+	g := &Gateway{cfg: cfg, log: log, metrics: metrics.New(), models: map[string]server.ServedModel{},
+		ingesters: map[string]*kvevents.Ingester{}}
 	runCtx, cancel := context.WithCancel(context.Background())
 	g.cancel = cancel
 	ok := false
@@ -84,29 +88,37 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}()
 
 	// Store.
+	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
+		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: store: %w", err)
+	}
+	g.store = st
+	g.index, g.res = st.Index, st.Reservations
 	var pinger route.Pinger
-	switch cfg.Store.Kind {
-	case config.StoreMemory:
-		mi := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
-		g.index = mi
-		g.res = kvstore.NewMemoryReservations(nil)
+	if st.Redis != nil {
+		pinger = st
+	}
+	if mi, ok := st.Index.(*kvstore.MemoryIndex); ok {
 		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
 			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
-	default:
-		return nil, fmt.Errorf("gateway: store kind %q is not wired yet", cfg.Store.Kind)
 	}
 
-	// Policies.
+	// Policies: the config's, then whatever the store says is active (shared by every gateway).
 	host, err := plugins.New(ctx, plugins.Options{Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: policy host: %w", err)
 	}
 	g.host = host
+	ps := &policySync{g: g, applied: map[string][]byte{}, failed: map[string]bool{}}
+	g.policySync = ps
 	for _, m := range cfg.Models {
 		if err := g.activateConfigPolicy(m); err != nil {
 			return nil, err
 		}
 	}
+	ps.reconcile(ctx)
+	g.wg.Go(func() { ps.run(runCtx) })
 
 	// Endpoints and models.
 	up := upstream.New(cfg.UpstreamIdleTimeout)
@@ -134,22 +146,17 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	pc()
 	g.wg.Go(func() { g.eps.Run(runCtx) })
 
-	// Event ingestion.
+	// Event ingestion: one gateway at a time per endpoint, under a store lease.
+	g.holder = holderID()
 	for _, m := range cfg.Models {
 		for _, e := range m.Endpoints {
 			if e.KVEvents == "" {
 				continue
 			}
-			in, err := kvevents.NewIngester(kvevents.IngesterConfig{Endpoint: kvstore.EndpointID(e.ID), Model: m.Name,
-				EventsAddr: e.KVEvents, ReplayAddr: e.KVReplay, BlockSize: m.BlockSize,
-				Hasher: kvstore.Hasher{Seed: cfg.BlockKeySeed}, Index: g.index, Logger: log})
-			if err != nil {
+			if _, err := kvevents.NewIngester(g.ingesterConfig(m, e)); err != nil {
 				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
 			}
-			if err := in.Start(runCtx); err != nil {
-				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
-			}
-			g.ingesters = append(g.ingesters, in)
+			g.wg.Go(func() { g.runIngestion(runCtx, m, e) })
 		}
 	}
 	g.registerIngestMetrics()
@@ -211,10 +218,13 @@ func (g *Gateway) Index() kvstore.Index { return g.index }
 
 // IngestStats returns every ingester's stats.
 func (g *Gateway) IngestStats() []kvevents.Stats {
-	out := make([]kvevents.Stats, len(g.ingesters))
-	for i, in := range g.ingesters {
-		out[i] = in.Stats()
+	g.ingMu.Lock()
+	defer g.ingMu.Unlock()
+	out := make([]kvevents.Stats, 0, len(g.ingesters))
+	for _, in := range g.ingesters {
+		out = append(out, in.Stats())
 	}
+	slices.SortFunc(out, func(a, b kvevents.Stats) int { return strings.Compare(string(a.Endpoint), string(b.Endpoint)) })
 	return out
 }
 
@@ -227,15 +237,15 @@ func (g *Gateway) Close(ctx context.Context) error {
 	if g.cancel != nil {
 		g.cancel()
 	}
-	for _, in := range g.ingesters {
-		errs = append(errs, in.Close())
-	}
-	g.wg.Wait()
+	g.wg.Wait() // ingesters close and release their leases as runIngestion returns
 	if g.router != nil {
 		g.router.Close()
 	}
 	if g.host != nil {
 		errs = append(errs, g.host.Close(ctx))
+	}
+	if g.store != nil {
+		errs = append(errs, g.store.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,102 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/kvevents"
+)
+
+// Ingestion lease timing: a dead gateway's endpoints are taken over within IngestLeaseTTL + IngestLeaseTick.
+const (
+	IngestLeaseTTL  = 3 * time.Second
+	IngestLeaseTick = time.Second
+)
+
+func holderID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	h, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d-%s", h, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+func (g *Gateway) ingesterConfig(m config.Model, e config.Endpoint) kvevents.IngesterConfig {
+	return kvevents.IngesterConfig{Endpoint: kvstore.EndpointID(e.ID), Model: m.Name, EventsAddr: e.KVEvents,
+		ReplayAddr: e.KVReplay, BlockSize: m.BlockSize, Hasher: kvstore.Hasher{Seed: g.cfg.BlockKeySeed},
+		Index: g.index, Logger: g.log}
+}
+
+// runIngestion ingests e's KV events while this gateway holds the store lease "ingest:<model>/<id>"; another
+// gateway takes over within a few seconds when this one dies or loses the store. Returns when ctx ends.
+func (g *Gateway) runIngestion(ctx context.Context, m config.Model, e config.Endpoint) {
+	name := "ingest:" + m.Name + "/" + e.ID
+	var in *kvevents.Ingester
+	var token int64
+	var lastRenew time.Time
+	stop := func(why string) {
+		if in == nil {
+			return
+		}
+		in.Close()
+		g.ingMu.Lock()
+		delete(g.ingesters, e.ID)
+		g.ingMu.Unlock()
+		in = nil
+		g.log.Info("stopped ingesting endpoint events", slog.String("endpoint_id", e.ID), slog.String("reason", why))
+	}
+	defer func() {
+		if in != nil {
+			stop("shutdown")
+			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			g.store.Leases.ReleaseLease(rctx, name, g.holder, token)
+			cancel()
+		}
+	}()
+	t := time.NewTicker(IngestLeaseTick)
+	defer t.Stop()
+	for {
+		opCtx, cancel := context.WithTimeout(ctx, IngestLeaseTick)
+		if in == nil {
+			tok, ok, err := g.store.Leases.AcquireLease(opCtx, name, g.holder, IngestLeaseTTL)
+			if err == nil && ok {
+				ni, nerr := kvevents.NewIngester(g.ingesterConfig(m, e))
+				if nerr == nil {
+					nerr = ni.Start(ctx)
+				}
+				if nerr != nil {
+					g.log.Error("cannot ingest endpoint events", slog.String("endpoint_id", e.ID), slog.String("error", nerr.Error()))
+					g.store.Leases.ReleaseLease(opCtx, name, g.holder, tok)
+				} else {
+					in, token, lastRenew = ni, tok, time.Now()
+					g.ingMu.Lock()
+					g.ingesters[e.ID] = in
+					g.ingMu.Unlock()
+					g.log.Info("ingesting endpoint events", slog.String("endpoint_id", e.ID), slog.Int64("lease_token", tok))
+				}
+			}
+		} else {
+			ok, err := g.store.Leases.RenewLease(opCtx, name, g.holder, token, IngestLeaseTTL)
+			switch {
+			case err == nil && ok:
+				lastRenew = time.Now()
+			case err == nil && !ok:
+				stop("lease lost")
+			case time.Since(lastRenew) > IngestLeaseTTL:
+				stop("store unreachable: lease expired")
+			}
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

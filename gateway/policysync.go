@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/plugins"
+)
+
+// PolicyReconcileInterval is how often a gateway re-reads the store's policies besides reacting to change
+// notifications (which a disconnected subscriber misses).
+const PolicyReconcileInterval = 500 * time.Millisecond
+
+// activeValue is a model's active policy as stored (kvstore.Blobs SetActive): the same on every gateway.
+type activeValue struct {
+	Version string          `json:"version"`
+	Config  json.RawMessage `json:"config"`
+}
+
+// policySync keeps the local policy host in step with the store: uploads are stored as blobs named by their
+// version (name@sha256), activations and rollbacks as the model's active value; every gateway applies what
+// the store holds on notifications and every PolicyReconcileInterval. It implements admin.Sync.
+type policySync struct {
+	g       *Gateway
+	mu      sync.Mutex
+	applied map[string][]byte // model → last active value applied
+	failed  map[string]bool   // blob versions that failed to load here (not retried)
+}
+
+func (p *policySync) blobs() kvstore.Blobs { return p.g.store.Blobs }
+
+// PolicyLoaded stores an accepted module under its version.
+func (p *policySync) PolicyLoaded(ctx context.Context, name string, wasm []byte) error {
+	sum := sha256.Sum256(wasm)
+	sha := hex.EncodeToString(sum[:])
+	return p.blobs().PutBlob(ctx, name+"@"+sha, sha, wasm)
+}
+
+// PolicyActivated stores model's active version and config.
+func (p *policySync) PolicyActivated(ctx context.Context, model string, v plugins.Version, cfg []byte) error {
+	val, err := json.Marshal(activeValue{Version: string(v), Config: json.RawMessage(compactJSON(cfg))})
+	if err != nil {
+		return err
+	}
+	if err := p.blobs().SetActive(ctx, model, val); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.applied[model] = val
+	p.mu.Unlock()
+	return nil
+}
+
+// PolicyRolledBack stores what the local rollback made active, so every gateway converges on it.
+func (p *policySync) PolicyRolledBack(ctx context.Context, model string) error {
+	v, cfg := p.g.host.Active(model)
+	return p.PolicyActivated(ctx, model, v, cfg)
+}
+
+func compactJSON(b []byte) []byte {
+	if len(b) == 0 {
+		return []byte("{}")
+	}
+	var out bytes.Buffer
+	if json.Compact(&out, b) != nil {
+		return []byte("{}")
+	}
+	return out.Bytes()
+}
+
+func (p *policySync) run(ctx context.Context) {
+	sub := p.blobs().Subscribe(ctx)
+	t := time.NewTicker(PolicyReconcileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-sub:
+			if !ok {
+				sub = nil
+				if ctx.Err() != nil {
+					return
+				}
+				continue
+			}
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		p.reconcile(rctx)
+		cancel()
+	}
+}
+
+// ensureLoaded loads version v from the store into the host if it is not loaded yet.
+func (p *policySync) ensureLoaded(ctx context.Context, v string) error {
+	if plugins.Version(v) == p.g.host.BuiltinVersion() || slices.ContainsFunc(p.g.host.Versions(),
+		func(i plugins.VersionInfo) bool { return string(i.Version) == v }) {
+		return nil
+	}
+	p.mu.Lock()
+	bad := p.failed[v]
+	p.mu.Unlock()
+	if bad {
+		return errors.New("failed to load earlier")
+	}
+	_, data, err := p.blobs().GetBlob(ctx, v)
+	if err != nil {
+		return err
+	}
+	name, _, _ := strings.Cut(v, "@")
+	if _, _, err := p.g.host.Load(name, data); err != nil {
+		p.mu.Lock()
+		p.failed[v] = true
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// reconcile applies the store's state: loads every stored module not loaded yet (so an activation that
+// follows needs no compile), then each model's active value.
+func (p *policySync) reconcile(ctx context.Context) {
+	if list, err := p.blobs().ListBlobs(ctx); err == nil {
+		for _, b := range list {
+			if strings.Contains(b.Name, "@") {
+				if err := p.ensureLoaded(ctx, b.Name); err != nil && ctx.Err() == nil {
+					p.g.log.Debug("stored policy not loaded", slog.String("policy", b.Name), slog.String("error", err.Error()))
+				}
+			}
+		}
+	}
+	for _, m := range p.g.cfg.Models {
+		raw, err := p.blobs().GetActive(ctx, m.Name)
+		if err != nil {
+			continue // ErrNotFound: the config's policy stays; store errors: retried next tick
+		}
+		p.mu.Lock()
+		same := bytes.Equal(p.applied[m.Name], raw)
+		p.mu.Unlock()
+		if same {
+			continue
+		}
+		var av activeValue
+		if err := json.Unmarshal(raw, &av); err != nil {
+			p.g.log.Warn("bad active policy value in store", slog.String("model", m.Name), slog.String("error", err.Error()))
+			continue
+		}
+		cfg := compactJSON(av.Config)
+		curV, curCfg := p.g.host.Active(m.Name)
+		if string(curV) != av.Version || !bytes.Equal(compactJSON(curCfg), cfg) {
+			if err := p.ensureLoaded(ctx, av.Version); err != nil {
+				p.g.log.Warn("cannot load the stored active policy", slog.String("model", m.Name),
+					slog.String("policy", av.Version), slog.String("error", err.Error()))
+				continue
+			}
+			if err := p.g.host.Activate(m.Name, plugins.Version(av.Version), cfg); err != nil {
+				p.g.log.Warn("cannot activate the stored active policy", slog.String("model", m.Name),
+					slog.String("policy", av.Version), slog.String("error", err.Error()))
+				continue
+			}
+		}
+		p.mu.Lock()
+		p.applied[m.Name] = raw
+		p.mu.Unlock()
+	}
+}
