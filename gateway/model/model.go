@@ -3,11 +3,17 @@
 // exact token IDs vLLM computes for the same request; a completions prompt is encoded with special tokens
 // added, as vLLM does.
 //
-// Multi-turn conversations re-send every earlier message on each turn. EncodeChat therefore cuts the
-// rendered prompt at its added-token matches (the template's message delimiters such as <|im_start|> and
-// <|im_end|>), which is exact because the tokenizer encodes the text between added tokens independently,
-// and caches the IDs of each run of text in a bounded, sharded LRU. A turn then costs a scan of the prompt
-// for delimiters plus the encoding of its new text only (BenchmarkMultiTurn).
+// Multi-turn conversations re-send every earlier message on each turn. The tokenizer encodes the text
+// between added tokens (the template's message delimiters such as <|im_start|> and <|im_end|>)
+// independently, so EncodeChat caches at those boundaries, exactly:
+//   - a prefix cache keeps, per conversation (keyed by a hash of the prompt's first 256 bytes and confirmed
+//     by comparing the text), the IDs of the prompt up to its last stable delimiter; the next turn copies
+//     them and only encodes what follows;
+//   - a segment cache keeps the IDs of each long run of text between delimiters, for prompts whose prefix
+//     changed (an edited system prompt, a branch).
+//
+// Both are bounded, sharded LRUs. A turn costs a comparison and copy proportional to the prompt (memory
+// speed) plus the encoding of its new text (BenchmarkMultiTurn).
 //
 // A Model is safe for concurrent use.
 package model
@@ -31,14 +37,19 @@ var ErrNoChatTemplate = errors.New("model: the model has no chat template")
 
 // Model combines a tokenizer and a chat template with a cache of encoded prompt segments.
 type Model struct {
-	tok  *tokenizer.Tokenizer
-	tmpl Renderer // nil: completions only
-	segs *segmentCache
+	tok      *tokenizer.Tokenizer
+	tmpl     Renderer // nil: completions only
+	segs     *segmentCache
+	prefixes *prefixCache
 }
 
 // DefaultSegmentCacheBytes bounds the segment cache of a Model built by Load or New: the text of the
 // cached segments plus 4 bytes per cached token ID.
 const DefaultSegmentCacheBytes = 64 << 20
+
+// DefaultPrefixCacheBytes bounds the conversation-prefix cache of a Model built by Load or New: the prompt
+// strings the cached prefixes keep alive plus 4 bytes per cached token ID.
+const DefaultPrefixCacheBytes = 256 << 20
 
 // minCachedSegment is the length below which a segment is encoded directly (the tokenizer's word cache
 // makes that as cheap as an LRU lookup).
@@ -46,7 +57,8 @@ const minCachedSegment = 64
 
 // New builds a Model from a loaded tokenizer and a renderer (nil for a model without chat template).
 func New(tok *tokenizer.Tokenizer, tmpl Renderer) *Model {
-	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(DefaultSegmentCacheBytes)}
+	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(DefaultSegmentCacheBytes),
+		prefixes: newPrefixCache(DefaultPrefixCacheBytes)}
 }
 
 // Tokenizer returns the model's tokenizer.
@@ -72,14 +84,31 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 	return m.tok.Encode(prompt, true)
 }
 
-// EncodePrompt encodes an already rendered prompt without adding special tokens, through the segment
-// cache. It returns exactly m.Tokenizer().Encode(prompt, false).
+// EncodePrompt encodes an already rendered prompt without adding special tokens, through the prefix and
+// segment caches. It returns exactly m.Tokenizer().Encode(prompt, false), in a fresh slice.
 func (m *Model) EncodePrompt(prompt string) []uint32 {
 	if !utf8.ValidString(prompt) {
 		prompt = strings.ToValidUTF8(prompt, "\uFFFD")
 	}
-	out := make([]uint32, 0, len(prompt)/3+8)
-	m.tok.SplitAdded(prompt, func(s string) {
+	var out []uint32
+	base := 0
+	var h uint64
+	if len(prompt) >= headBytes {
+		h = m.prefixes.head(prompt)
+		if used := m.prefixes.longest(h, prompt); used != nil {
+			base = len(used.text)
+			out = make([]uint32, len(used.ids), len(used.ids)+(len(prompt)-base)/2+16)
+			copy(out, used.ids)
+		}
+	}
+	if out == nil {
+		// Byte-level BPE averages 3 to 4.5 bytes per token on text; /2 leaves room for code and CJK.
+		out = make([]uint32, 0, len(prompt)/2+16)
+	}
+	rest := prompt[base:]
+	lastStable, lastStableIDs := -1, 0
+	m.tok.SplitAdded(rest, func(a, b int) {
+		s := rest[a:b]
 		if len(s) < minCachedSegment {
 			out = m.tok.AppendEncodeText(out, s)
 			return
@@ -91,9 +120,15 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		start := len(out)
 		out = m.tok.AppendEncodeText(out, s)
 		m.segs.put(strings.Clone(s), append([]uint32(nil), out[start:]...))
-	}, func(id uint32) {
+	}, func(_, b int, id uint32, stable bool) {
 		out = append(out, id)
+		if stable {
+			lastStable, lastStableIDs = base+b, len(out)
+		}
 	})
+	if lastStable >= headBytes {
+		m.prefixes.put(h, prompt[:lastStable], append([]uint32(nil), out[:lastStableIDs]...), len(prompt))
+	}
 	return out
 }
 

@@ -22,8 +22,9 @@ type addedToken struct {
 // a byte trie probed only at bytes that can start a token gives the same matches).
 type matcher struct {
 	first [256]bool
-	nodes []trieNode
-	toks  []addedToken
+	nodes  []trieNode
+	toks   []addedToken
+	maxLen int // longest match string, in bytes
 }
 
 type trieNode struct {
@@ -41,6 +42,7 @@ func newMatcher(toks []addedToken) *matcher {
 			continue
 		}
 		m.first[t.match[0]] = true
+		m.maxLen = max(m.maxLen, len(t.match))
 		n := int32(0)
 		for k := 0; k < len(t.match); k++ {
 			c := t.match[k]
@@ -93,6 +95,11 @@ func (m *matcher) split(s string, text func(string), token func(uint32)) {
 		}
 		return
 	}
+	m.splitSpans(s, func(a, b int) { text(s[a:b]) }, func(_, _ int, at *addedToken) { token(at.id) })
+}
+
+// splitSpans is split reporting byte ranges: text(start, end) and token(start, end, token).
+func (m *matcher) splitSpans(s string, text func(start, end int), token func(start, end int, at *addedToken)) {
 	startOffset := 0
 	for pos := 0; pos < len(s); {
 		mStart, mEnd, ti := m.find(s, pos)
@@ -116,14 +123,41 @@ func (m *matcher) split(s string, text func(string), token func(uint32)) {
 			stop += spaceRightmostAtStart(s[stop:])
 		}
 		if start > startOffset {
-			text(s[startOffset:start])
+			text(startOffset, start)
 		}
-		token(at.id)
+		token(start, stop, at)
 		startOffset = stop
 	}
 	if startOffset < len(s) {
-		text(s[startOffset:])
+		text(startOffset, len(s))
 	}
+}
+
+// stableEnd reports whether the match of at ending at s[:b] would end at b whatever text follows b: the
+// token neither extends over following whitespace (rstrip) nor looks at it (single_word), and no added
+// token starting before b could still match past b (HF matches leftmost-longest).
+func (m *matcher) stableEnd(s string, b int, at *addedToken) bool {
+	if at.rstrip || at.singleWord {
+		return false
+	}
+	for q := max(0, b-m.maxLen+1); q < b; q++ {
+		if !m.first[s[q]] {
+			continue
+		}
+		n, alive := int32(0), true
+		for j := q; j < b; j++ {
+			nx, ok := m.nodes[n].next[s[j]]
+			if !ok {
+				alive = false
+				break
+			}
+			n = nx
+		}
+		if alive && len(m.nodes[n].next) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func isWordChar(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r) }

@@ -186,12 +186,25 @@ func (t *Tokenizer) VocabSize() int {
 func (t *Tokenizer) ResetCache() { t.cache.reset() }
 
 // SplitAdded cuts text at added tokens exactly as the first step of Encode does (the tokens HF matches on
-// the raw text: normalized=false), calling text for each run of ordinary text and token for each added
-// token, in order. Encode(s, false) equals the concatenation of AppendEncodeText over the text runs and
-// the token IDs, so a caller may cache the encoding of repeated runs (gateway/model does, per chat turn).
-// text must be valid UTF-8 (see Encode).
-func (t *Tokenizer) SplitAdded(s string, text func(string), token func(uint32)) {
-	t.rawAdded.split(s, text, token)
+// the raw text: normalized=false), calling text for each run of ordinary text s[start:end] and token for
+// each added token s[start:end] with its ID, in order. Encode(s, false) equals the concatenation of
+// AppendEncodeText over the text runs and the token IDs, so a caller may cache the encoding of repeated
+// runs (gateway/model does, per chat turn).
+//
+// stable is true when the token's match would end at end whatever text followed it, so that
+// Encode(s[:end]+x, false) starts with Encode(s[:end], false) for any x: a prefix of a prompt cut there can
+// be cached. s must be valid UTF-8 (see Encode).
+func (t *Tokenizer) SplitAdded(s string, text func(start, end int), token func(start, end int, id uint32, stable bool)) {
+	if t.rawAdded == nil {
+		if s != "" {
+			text(0, len(s))
+		}
+		return
+	}
+	m := t.rawAdded
+	m.splitSpans(s, text, func(a, b int, at *addedToken) {
+		token(a, b, at.id, m.stableEnd(s, b, at))
+	})
 }
 
 // AppendEncodeText appends the IDs of one run of text from SplitAdded (normalization, the normalized
