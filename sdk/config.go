@@ -62,7 +62,7 @@ func DecodeConfig(data []byte, fields ...Field) error {
 		for p.i < len(p.b) && isNumByte(p.b[p.i]) {
 			p.i++
 		}
-		if start == p.i {
+		if start == p.i || p.b[start] == '+' {
 			return &ConfigError{Key: string(key), Offset: start, Reason: "value is not a number"}
 		}
 		v, err := strconv.ParseFloat(string(p.b[start:p.i]), 64)
