@@ -133,17 +133,31 @@ func (c *KVEventsConfig) fillDefaults() {
 // Default timing and capacity of an 8B model (Llama-3.1-8B class, bf16) on one H100 SXM; README.md shows
 // where each number comes from.
 const (
-	DefaultBlockSize           = 16
-	DefaultNumGPUBlocks        = 28000
-	DefaultMaxNumSeqs          = 256
+	// DefaultBlockSize is vLLM's default block size in tokens.
+	DefaultBlockSize = 16
+	// DefaultNumGPUBlocks is the KV capacity of an 8B bf16 model on one 80 GB H100 at vLLM's
+	// gpu_memory_utilization 0.9 (~59 GB for KV / 2 MiB per block).
+	DefaultNumGPUBlocks = 28000
+	// DefaultMaxNumSeqs is vLLM's long-standing default --max-num-seqs (newer releases pick larger values
+	// on large GPUs; set the flag to match a deployment).
+	DefaultMaxNumSeqs = 256
+	// DefaultMaxNumBatchedTokens is the token budget per step (vLLM V1's API-server default on large GPUs).
 	DefaultMaxNumBatchedTokens = 8192
-	DefaultMaxModelLen         = 131072
-	DefaultMaxTokens           = 16
-	DefaultStepOverhead        = 7 * time.Millisecond
-	DefaultDecodePerSeq        = 60 * time.Microsecond
-	DefaultPrefillPerToken     = 50 * time.Microsecond
-	DefaultCPUReloadPerToken   = 5 * time.Microsecond
-	DefaultKVBytesPerToken     = 131072
+	// DefaultMaxModelLen is Llama-3.1-8B's context length.
+	DefaultMaxModelLen = 131072
+	// DefaultMaxTokens is the output length of requests without max_tokens.
+	DefaultMaxTokens = 16
+	// DefaultStepOverhead is the batch-1 decode step: 16 GB of weights read at ~70% of 3.35 TB/s.
+	DefaultStepOverhead = 7 * time.Millisecond
+	// DefaultDecodePerSeq is one more sequence's KV read per step (~1.5k tokens × 128 KiB at 3.35 TB/s).
+	DefaultDecodePerSeq = 60 * time.Microsecond
+	// DefaultPrefillPerToken is 16 GFLOP per token at ~33% of 989 dense bf16 TFLOPS.
+	DefaultPrefillPerToken = 50 * time.Microsecond
+	// DefaultCPUReloadPerToken is 128 KiB per token over PCIe Gen5 at ~25 GB/s effective.
+	DefaultCPUReloadPerToken = 5 * time.Microsecond
+	// DefaultKVBytesPerToken is Llama-3.1-8B's KV size per token: 32 layers × 8 KV heads × 128 dims × 2
+	// (K and V) × 2 bytes.
+	DefaultKVBytesPerToken = 131072
 )
 
 // DefaultConfig returns the defaults: an 8B model on one H100, prefix caching on, no CPU tier, events off,

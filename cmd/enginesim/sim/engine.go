@@ -590,10 +590,12 @@ func (e *Engine) Faults() Faults { return e.faults.get() }
 
 // Stats is a snapshot of the engine's scheduler and cache.
 type Stats struct {
+	// Running and Waiting are the current batch and queue sizes; PeakRunning the largest batch so far.
 	Running, Waiting, PeakRunning int
 	// GPUCachedBlocks and CPUCachedBlocks are the blocks in each tier's prefix cache.
 	GPUCachedBlocks, CPUCachedBlocks int
-	// KVCacheUsage is the fraction of GPU blocks held by running requests, in [0,1].
+	// KVCacheUsage is vllm:kv_cache_usage_perc: the fraction of GPU blocks written by running requests,
+	// in [0,1].
 	KVCacheUsage float64
 	// ModelTime is the simulated time elapsed in scheduler steps.
 	ModelTime time.Duration
