@@ -28,5 +28,6 @@ func main() {
 func subcommands() []*cobra.Command {
 	return []*cobra.Command{
 		newKVCmd(),
+		newTokenizeCmd(),
 	}
 }

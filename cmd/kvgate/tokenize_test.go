@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// tokModelDir locates a reference model like the tokenizer tests do.
+func tokModelDir(t *testing.T, m string) string {
+	t.Helper()
+	base := os.Getenv("KVGATE_MODELS_DIR")
+	if base == "" {
+		base = filepath.Join("..", "..", ".cache", "models")
+	}
+	dir := filepath.Join(base, m)
+	if _, err := os.Stat(dir); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("model %s missing at %s (CI=true): run `make models`", m, dir)
+		}
+		t.Skipf("model %s missing at %s: run `make models`", m, dir)
+	}
+	return dir
+}
+
+func runTokenize(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	cmd := newTokenizeCmd()
+	cmd.SetArgs(args)
+	cmd.SetIn(strings.NewReader(stdin))
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+type goldenIDs struct {
+	Name          string   `json:"name"`
+	IDs           []uint32 `json:"ids"`
+	SpecialPrefix []uint32 `json:"special_prefix"`
+}
+
+func readLines[T any](t *testing.T, path string) []T {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []T
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestTokenizeJSONLCorpus feeds the 81-case corpus through `tokenize --jsonl [--special]` and compares
+// every line with HF's goldens (gateway/tokenizer/testdata/goldens).
+func TestTokenizeJSONLCorpus(t *testing.T) {
+	goldens := filepath.Join("..", "..", "gateway", "tokenizer", "testdata", "goldens")
+	corpus, err := os.ReadFile(filepath.Join(goldens, "corpus.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"qwen3", "llama3_1"} {
+		dir := tokModelDir(t, m)
+		golden := readLines[goldenIDs](t, filepath.Join(goldens, m+".jsonl"))
+		for _, special := range []bool{false, true} {
+			args := []string{"--model", dir, "--jsonl"}
+			if special {
+				args = append(args, "--special")
+			}
+			out, err := runTokenize(t, string(corpus), args...)
+			if err != nil {
+				t.Fatalf("%s: %v", m, err)
+			}
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			if len(lines) != 81 {
+				t.Fatalf("%s: %d output lines, want 81", m, len(lines))
+			}
+			for i, l := range lines {
+				var got struct {
+					IDs []uint32 `json:"ids"`
+				}
+				if err := json.Unmarshal([]byte(l), &got); err != nil {
+					t.Fatalf("%s line %d: %v: %s", m, i, err, l)
+				}
+				want := golden[i].IDs
+				if special {
+					want = append(slices.Clone(golden[i].SpecialPrefix), want...)
+				}
+				if !slices.Equal(got.IDs, want) && len(want)+len(got.IDs) > 0 {
+					t.Errorf("%s special=%v %s: got %v want %v", m, special, golden[i].Name, got.IDs, want)
+				}
+			}
+		}
+	}
+}
+
+func TestTokenizeText(t *testing.T) {
+	dir := tokModelDir(t, "llama3_1")
+	// "Hello world" is the corpus case "hello" (HF: [9906, 1917], BOS 128000).
+	out, err := runTokenize(t, "Hello world", "--model", dir, "--special")
+	if err != nil || out != "[128000,9906,1917]\n" {
+		t.Errorf("got %q, %v", out, err)
+	}
+	out, err = runTokenize(t, "Hello world", "--model", dir)
+	if err != nil || out != "[9906,1917]\n" {
+		t.Errorf("got %q, %v", out, err)
+	}
+	// The demo model ships gzipped.
+	out, err = runTokenize(t, "Hello world", "--model", filepath.Join("..", "..", "examples", "models", "qwen3"))
+	if err != nil || out != "[9707,1879]\n" {
+		t.Errorf("demo qwen3: got %q, %v", out, err)
+	}
+}
+
+func TestTokenizeErrors(t *testing.T) {
+	dir := tokModelDir(t, "qwen3")
+	if _, err := runTokenize(t, "x"); err == nil {
+		t.Error("missing --model accepted")
+	}
+	if _, err := runTokenize(t, "x", "--model", t.TempDir()); err == nil {
+		t.Error("directory without tokenizer accepted")
+	}
+	// A broken line yields {"error"} in place, the others still answer, and the exit is non-zero.
+	out, err := runTokenize(t, "{\"text\":\"a\"}\nnot json\n{\"text\":\"b\"}\n", "--model", dir, "--jsonl")
+	if err == nil {
+		t.Error("failed line did not make the command fail")
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], `{"error":`) || lines[0] != `{"ids":[64]}` || lines[2] != `{"ids":[65]}` {
+		t.Errorf("jsonl output %q", out)
+	}
+}
