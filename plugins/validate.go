@@ -66,8 +66,12 @@ func (r *ValidationReport) String() string {
 		status = "REJECTED"
 	}
 	fmt.Fprintf(&b, "%s %s\n", status, r.Version)
-	fmt.Fprintf(&b, "size: %d bytes, compile: %s, ABI: v%d.%d, buffer: %d bytes\n", r.SizeBytes,
-		r.CompileTime.Round(time.Microsecond), sdk.ABIMajor, r.ABIMinor, r.BufferCap)
+	abi := "unknown"
+	if r.ABIMinor >= 0 {
+		abi = fmt.Sprintf("v%d.%d", sdk.ABIMajor, r.ABIMinor)
+	}
+	fmt.Fprintf(&b, "size: %d bytes, compile: %s, ABI: %s, buffer: %d bytes\n", r.SizeBytes,
+		r.CompileTime.Round(time.Microsecond), abi, r.BufferCap)
 	fmt.Fprintf(&b, "imports (%d): %s\n", len(r.Imports), strings.Join(r.Imports, ", "))
 	fmt.Fprintf(&b, "exports (%d): %s\n", len(r.Exports), strings.Join(r.Exports, ", "))
 	for _, s := range r.Samples {
