@@ -28,6 +28,7 @@ func main() {
 func subcommands() []*cobra.Command {
 	return []*cobra.Command{
 		newKVCmd(),
+		newPolicyCmd(),
 		newTokenizeCmd(),
 	}
 }
