@@ -341,7 +341,7 @@ func TestIngestGapWithReplay(t *testing.T) {
 	waitStats(t, ing, "seq 0", seqIs(0))
 	p.lose(1, storeChild(t, toks, 1))
 	p.pub(2, storeChild(t, toks, 2))
-	s := waitStats(t, ing, "seq 2", seqIs(2))
+	s := waitStats(t, ing, "seq 2 and the replay", func(s Stats) bool { return seqIs(2)(s) && s.Replays == 1 })
 	if l := p.wait(p.replays, "replay request"); l != "replay 1" {
 		t.Fatalf("replay request %q, want from seq 1", l)
 	}
@@ -380,7 +380,7 @@ func TestIngestRestartAtZero(t *testing.T) {
 	other := tokens(500, 16)
 	_, o0 := storeRoot(t, other)
 	p.pub(0, o0) // the engine restarted
-	s := waitStats(t, ing, "restart", func(s Stats) bool { return s.Restarts == 1 })
+	s := waitStats(t, ing, "restart", func(s Stats) bool { return s.Restarts == 1 && s.Batches == 3 })
 	if s.Clears != 1 || s.LastSeq != 0 || s.Gaps != 0 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -429,7 +429,7 @@ func TestIngestReconnect(t *testing.T) {
 	other := tokens(900, 16)
 	_, o0 := storeRoot(t, other)
 	p2.pub(0, o0)
-	s := waitStats(t, ing, "restart after reconnect", func(s Stats) bool { return s.Restarts == 1 })
+	s := waitStats(t, ing, "restart after reconnect", func(s Stats) bool { return s.Restarts == 1 && s.Batches == 3 })
 	if s.Reconnects < 1 || !s.Connected {
 		t.Fatalf("stats %+v", s)
 	}
