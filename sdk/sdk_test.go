@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // golden is a 2-endpoint v1.0 snapshot written out by hand from ABI.md's tables (not by our encoder).
@@ -278,4 +279,25 @@ func TestStandardLibraryOnly(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEndpointLayout: Endpoint's fields sit at the record offsets of ABI.md, which DecodeSnapshot's
+// single-copy path relies on.
+func TestEndpointLayout(t *testing.T) {
+	var e Endpoint
+	got := []uintptr{unsafe.Offsetof(e.Index), unsafe.Offsetof(e.Flags), unsafe.Offsetof(e.GPUBlocks),
+		unsafe.Offsetof(e.CPUBlocks), unsafe.Offsetof(e.Waiting), unsafe.Offsetof(e.Running),
+		unsafe.Offsetof(e.InFlightRequests), unsafe.Offsetof(e.KVCacheUtilization), unsafe.Offsetof(e.InFlightTokens)}
+	want := []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 32}
+	if !slices.Equal(got, want) || unsafe.Sizeof(e) != 40 {
+		t.Fatalf("offsets %v size %d", got, unsafe.Sizeof(e))
+	}
+}
+
+// TestDecodePortable: the field-by-field decoder (big-endian hosts) gives the same result.
+func TestDecodePortable(t *testing.T) {
+	defer func(v bool) { littleEndian = v }(littleEndian)
+	littleEndian = false
+	TestDecodeGolden(t)
+	TestDecodeNewerMinor(t)
 }

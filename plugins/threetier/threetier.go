@@ -96,6 +96,24 @@ func cmpItem(a, b item) int {
 	return int(a.idx) - int(b.idx)
 }
 
+// sortItems sorts by cmpItem: insertion sort for small fleets (direct calls; Go's wasm code makes the
+// indirect comparator calls of slices.SortFunc costly), pdqsort above.
+func sortItems(items []item) {
+	if len(items) > 24 {
+		slices.SortFunc(items, cmpItem)
+		return
+	}
+	for i := 1; i < len(items); i++ {
+		x := items[i]
+		j := i
+		for j > 0 && cmpItem(x, items[j-1]) < 0 {
+			items[j] = items[j-1]
+			j--
+		}
+		items[j] = x
+	}
+}
+
 // Ranker ranks snapshots with one Config, reusing its scratch.
 type Ranker struct {
 	Config Config
@@ -182,7 +200,7 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 			items[i].rate, items[i].group = 0, 0
 		}
 	}
-	slices.SortFunc(items, cmpItem)
+	sortItems(items)
 	for i := range items {
 		out = append(out, items[i].idx)
 	}

@@ -1,0 +1,142 @@
+package plugins
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/plugins/threetier"
+)
+
+func benchSnapshots(n int) []Snapshot {
+	snaps := make([]Snapshot, 64)
+	for i := range snaps {
+		snaps[i] = RandomSnapshot(uint64(n*1000+i), n)
+	}
+	return snaps
+}
+
+// reportQuantiles records per-call p50/p99 (each sample includes ~30 ns of time.Now).
+func reportQuantiles(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Nanoseconds()) }
+	b.ReportMetric(q(0.50), "p50-ns")
+	b.ReportMetric(q(0.99), "p99-ns")
+}
+
+// BenchmarkRank: one routing decision through Host.Rank (encode, Wasm call, checks) for the trusted
+// built-in, the same module uploaded (interruption on, own goroutine per call, deadline) and the native
+// three-tier ranker, at 8, 16 and 64 endpoints.
+func BenchmarkRank(b *testing.B) {
+	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Second})
+	up, _, err := h.Load("three-tier-uploaded", BuiltinWasm)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Activate("uploaded", up, nil); err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{8, 16, 64} {
+		snaps := benchSnapshots(n)
+		for _, mode := range []string{"builtin", "uploaded", "native"} {
+			b.Run(mode+"/"+strconv.Itoa(n), func(b *testing.B) {
+				lat := make([]time.Duration, 0, 1<<16)
+				r := threetier.New(threetier.DefaultConfig())
+				out := make([]uint32, 0, n)
+				i := 0
+				for b.Loop() {
+					s := &snaps[i%len(snaps)]
+					i++
+					t0 := time.Now()
+					switch mode {
+					case "native":
+						out, _ = r.Rank(s, out[:0])
+					default:
+						if _, info := h.Rank(context.Background(), mode, s); info.Fallback {
+							b.Fatalf("fallback %+v", info)
+						}
+					}
+					if len(lat) < cap(lat) {
+						lat = append(lat, time.Since(t0))
+					}
+				}
+				reportQuantiles(b, lat)
+			})
+		}
+	}
+}
+
+// BenchmarkRankConcurrent: throughput of the built-in policy at 16 endpoints with 2 and 16 callers
+// (pool size GOMAXPROCS); ns/op is wall time per decision across all callers.
+func BenchmarkRankConcurrent(b *testing.B) {
+	h := newTestHost(b, Options{Logger: quietLogger()})
+	snaps := benchSnapshots(16)
+	for _, callers := range []int{2, 16} {
+		b.Run(strconv.Itoa(callers)+"-callers", func(b *testing.B) {
+			per := b.N/callers + 1
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			start := time.Now()
+			for c := 0; c < callers; c++ {
+				wg.Add(1)
+				go func(c int) {
+					defer wg.Done()
+					s := snaps[c%len(snaps)]
+					s.Endpoints = slices.Clone(s.Endpoints)
+					for i := 0; i < per; i++ {
+						h.Rank(context.Background(), "m", &s)
+					}
+				}(c)
+			}
+			wg.Wait()
+			b.ReportMetric(float64(per*callers)/time.Since(start).Seconds(), "calls/s")
+		})
+	}
+}
+
+// BenchmarkLoadAndSwap: Load of a Go module whose compiled code is in the (in-memory) compilation cache,
+// plus Activate (a new pool of instances, each running Go's _initialize and the policy's init) and the
+// swap.
+func BenchmarkLoadAndSwap(b *testing.B) {
+	h := newTestHost(b, Options{Logger: quietLogger()})
+	if _, _, err := h.Load("warm", BuiltinWasm); err != nil { // warms the untrusted runtime's cache
+		b.Fatal(err)
+	}
+	i := 0
+	for b.Loop() {
+		i++
+		v, _, err := h.Load("p"+strconv.Itoa(i), BuiltinWasm)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Activate("m", v, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkForLoopStop: a guest spinning in for {} with a 1 ms deadline; reports how long after the
+// deadline wazero stopped it (overrun-ns) and how long the request waited for its fallback (ns/op).
+func BenchmarkForLoopStop(b *testing.B) {
+	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Millisecond, MaxConsecutiveMisses: 1 << 30})
+	activateBomb(&testing.T{}, h, "m", "bomb-bench")
+	before := h.Stats()
+	for b.Loop() {
+		if _, info := h.Rank(context.Background(), "m", bombSnapshot(1001)); info.Reason != ReasonTimeout {
+			b.Fatalf("%+v", info)
+		}
+		for h.Stats().AbandonedRunning > 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	after := h.Stats()
+	if n := after.AbandonedTotal - before.AbandonedTotal; n > 0 {
+		b.ReportMetric(float64((after.AbandonedOverrun-before.AbandonedOverrun).Nanoseconds())/float64(n), "overrun-ns")
+	}
+}
