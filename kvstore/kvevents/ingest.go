@@ -44,6 +44,10 @@ type IngesterConfig struct {
 	BackoffMin, BackoffMax time.Duration
 	// ReplayTimeout bounds one replay exchange; 0 = 2 s.
 	ReplayTimeout time.Duration
+	// RemovedMemory is how many engine hashes whose last tier removed them stay resolvable (0 = 4096), so a
+	// token-less placeholder that follows the removal (vLLM appends the offload connector's events after the
+	// KV manager's in the same batch) still finds its block key.
+	RemovedMemory int
 	// Now is the clock for Stats.Lag; nil = time.Now.
 	Now func() time.Time
 }
@@ -93,7 +97,8 @@ type Stats struct {
 	Resyncing bool
 	// ConfigError is set (first occurrence) when the engine's events disagree with the configuration.
 	ConfigError string
-	// MappedHashes is the number of engine hashes currently mapped to block keys.
+	// MappedHashes is the number of engine hashes currently mapped to block keys (held ones plus up to
+	// IngesterConfig.RemovedMemory recently removed ones).
 	MappedHashes int
 }
 
@@ -119,6 +124,8 @@ type Ingester struct {
 	hashes      map[EngineHash]hashEntry
 	keyBuf      []kvstore.BlockKey
 	addBuf      []kvstore.BlockKey
+	grave       []EngineHash // ring of hashes whose refs reached zero, forgotten when overwritten
+	gravePos    int
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
 	dupHi       uint64
 	configNoted bool
@@ -154,6 +161,9 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.RemovedMemory <= 0 {
+		cfg.RemovedMemory = 4096
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -162,6 +172,7 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		cfg:    cfg,
 		log:    log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
 		hashes: make(map[EngineHash]hashEntry),
+		grave:  make([]EngineHash, 0, cfg.RemovedMemory),
 		stats:  Stats{Endpoint: cfg.Endpoint},
 	}, nil
 }
@@ -345,9 +356,30 @@ func (in *Ingester) replay(ctx context.Context, from, trigger uint64) {
 	}
 }
 
+// bury keeps h (now held on no tier) resolvable until RemovedMemory more hashes have been buried.
+func (in *Ingester) bury(h EngineHash) {
+	if len(in.grave) < cap(in.grave) {
+		in.grave = append(in.grave, h)
+		return
+	}
+	old := in.grave[in.gravePos]
+	if he, ok := in.hashes[old]; ok && he.refs[kvstore.TierGPU] == 0 && he.refs[kvstore.TierCPU] == 0 {
+		delete(in.hashes, old)
+	}
+	in.grave[in.gravePos] = h
+	in.gravePos = (in.gravePos + 1) % cap(in.grave)
+}
+
+// forgetAll drops the whole engine-hash map.
+func (in *Ingester) forgetAll() {
+	clear(in.hashes)
+	in.grave = in.grave[:0]
+	in.gravePos = 0
+}
+
 // clear drops the endpoint's entries and its hash map.
 func (in *Ingester) clear(ctx context.Context, resync bool) {
-	clear(in.hashes)
+	in.forgetAll()
 	err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint)
 	in.bump(func(s *Stats) {
 		s.Clears++
@@ -442,10 +474,9 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			if he.refs[tier] == 0 {
 				rm = append(rm, he.key)
 			}
+			in.hashes[h] = he
 			if he.refs[kvstore.TierGPU] == 0 && he.refs[kvstore.TierCPU] == 0 {
-				delete(in.hashes, h)
-			} else {
-				in.hashes[h] = he
+				in.bury(h)
 			}
 		}
 		in.addBuf = rm
@@ -455,7 +486,7 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			}
 		}
 	case AllBlocksCleared:
-		clear(in.hashes)
+		in.forgetAll()
 		if err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint); err != nil {
 			c.indexErrors++
 		}

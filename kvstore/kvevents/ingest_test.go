@@ -273,9 +273,13 @@ func TestIngestDualKeys(t *testing.T) {
 	check("reloaded", toks, kvstore.ExtraKeys{}, 2, 1)
 	send(LayoutSGLang, HashInt64, BlockRemoved{BlockHashes: hs, Medium: "CPU_PINNED"})
 	check("dropped from CPU", toks, kvstore.ExtraKeys{}, 2, 0)
-	if s := ing.Stats(); s.MappedHashes != 2 || s.Blocks != 7 || s.UnknownRemoved != 0 {
-		t.Fatalf("stats %+v", s)
+	if s := ing.Stats(); s.MappedHashes != 3 || s.Blocks != 7 || s.UnknownRemoved != 0 {
+		t.Fatalf("stats %+v", s) // h2 is held nowhere but stays resolvable (RemovedMemory)
 	}
+	// Evicted from GPU and offloaded in the same step: vLLM sends the removal first, the connector's
+	// placeholder after it; the placeholder still resolves.
+	send(LayoutArrayLast, HashUint, BlockRemoved{BlockHashes: hs[:2], Medium: "GPU"}, BlockStored{BlockHashes: hs[:2], Medium: "CPU"})
+	check("offloaded after eviction", toks, kvstore.ExtraKeys{}, 0, 2)
 	// LoRA by name, and by lora_id through the config map (none configured here: keyed without LoRA).
 	lh, _ := engineHashes(t, toks[:16], kvstore.ExtraKeys{LoRA: "my-lora"})
 	send(LayoutMap, HashUint, BlockStored{BlockHashes: lh, TokenIDs: toks[:16], BlockSize: 16, Medium: "GPU", LoRAName: "my-lora"})
@@ -467,5 +471,35 @@ func TestIngesterConfig(t *testing.T) {
 	}
 	if err := ing.Start(context.Background()); err == nil {
 		t.Fatal("started without an events address")
+	}
+}
+
+// TestRemovedMemory drives handle directly: a hash held nowhere stays resolvable for RemovedMemory burials.
+func TestRemovedMemory(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, RemovedMemory: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var evs []Event
+	var hs []EngineHash
+	for i := range 3 {
+		h := EngineHash(100 + i)
+		hs = append(hs, h)
+		evs = append(evs, BlockStored{BlockHashes: []EngineHash{h}, TokenIDs: tokens(16*i, 16), BlockSize: 16, Medium: "GPU"})
+	}
+	evs = append(evs, BlockRemoved{BlockHashes: hs, Medium: "GPU"})
+	ing.handle(ctx, 0, mustEncode(t, batch(evs...), LayoutMap, HashUint))
+	ing.handle(ctx, 1, mustEncode(t, batch(BlockStored{BlockHashes: hs, Medium: "CPU"}), LayoutMap, HashUint))
+	s := ing.Stats()
+	if s.Unresolved != 1 || s.Blocks != 5 || s.MappedHashes != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	// Each block was stored as a chain root of its own tokens; the first buried (100) was forgotten.
+	for i, want := range []int{0, 1, 1} {
+		if g, c := match(t, idx, tokens(16*i, 16), kvstore.ExtraKeys{}); g != 0 || c != want {
+			t.Fatalf("block %d: %d GPU %d CPU, want 0, %d", i, g, c, want)
+		}
 	}
 }
