@@ -133,6 +133,16 @@ func (e *Engine) ReplayAddr() string {
 	return e.pub.replayAddr()
 }
 
+// EventSubscriptions returns the topic prefixes that connected KV-event subscribers have subscribed to
+// ("" = everything), sorted, without duplicates; nil when events are off. ZMQ drops what a PUB socket sends
+// before a subscription arrives, so callers that must see every batch wait until theirs is listed.
+func (e *Engine) EventSubscriptions() []string {
+	if e.pub == nil {
+		return nil
+	}
+	return e.pub.topics()
+}
+
 // ModelName returns the first served model name (the metrics' model_name label).
 func (e *Engine) ModelName() string { return e.cfg.servedNames()[0] }
 

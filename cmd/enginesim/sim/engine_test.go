@@ -286,7 +286,7 @@ func TestMaxNumSeqsCapsConcurrency(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			r := post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": seqTokens(20, uint32(i*100)), "max_tokens": 10})
+			r := post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": seqTokens(20, uint32(i*100)), "max_tokens": 40})
 			if r.status != 200 {
 				t.Errorf("status %d", r.status)
 			}
@@ -469,7 +469,7 @@ func TestStartRejectsBadConfig(t *testing.T) {
 // kv_cache_usage_perc counts the blocks a running request has written (prompt plus tokens so far), not
 // the output blocks reserved for it.
 func TestKVCacheUsageDuringRequest(t *testing.T) {
-	e := startEngine(t, func(c *Config) { c.NumGPUBlocks = 100; c.StepOverhead = time.Millisecond; c.TimeScale = 1 })
+	e := startEngine(t, func(c *Config) { c.NumGPUBlocks = 100; c.StepOverhead = 10 * time.Millisecond; c.TimeScale = 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	body := `{"model":"m","prompt":` + mustJSON(seqTokens(160, 1)) + `,"max_tokens":1000,"stream":true}`

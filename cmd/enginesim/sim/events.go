@@ -254,6 +254,14 @@ func (p *publisher) serveReplay() {
 	}
 }
 
+// topics returns the topic prefixes connected subscribers have subscribed to ("" = everything).
+func (p *publisher) topics() []string {
+	if t, ok := p.pub.(interface{ Topics() []string }); ok {
+		return t.Topics()
+	}
+	return nil
+}
+
 func (p *publisher) eventsAddr() string { return localAddr(p.pub) }
 
 func (p *publisher) replayAddr() string {

@@ -95,6 +95,14 @@ type pyClient struct {
 	lines chan string
 }
 
+// startSub starts a libzmq subscriber to e's events and waits until e's PUB socket has its subscription.
+func startSub(t *testing.T, e *Engine, topic string, n int) *pyClient {
+	t.Helper()
+	c := startPy(t, "sub", e.EventsAddr(), topic, strconv.Itoa(n), "20000")
+	waitFor(t, "subscription", func() bool { return len(e.EventSubscriptions()) > 0 })
+	return c
+}
+
 func startPy(t *testing.T, args ...string) *pyClient {
 	t.Helper()
 	if err := exec.Command("/usr/bin/python3", "-c", "import zmq, msgpack").Run(); err != nil {
@@ -182,7 +190,7 @@ func eventsEngine(t *testing.T, mutate func(*Config)) *Engine {
 // golden values (seed "0"), with LoRA name and cache salt folded in as vLLM does.
 func TestEventsReachLibzmqSubscriber(t *testing.T) {
 	e := eventsEngine(t, nil)
-	sub := startPy(t, "sub", e.EventsAddr(), "kv@", "4", "20000")
+	sub := startSub(t, e, "kv@", 4)
 	g := goldenHashes(t).HashVectors.SHA256CBOR.Cases
 	prompt := seqTokens(33, 1) // 2 full blocks + 1 token (the last token is always computed)
 	for _, req := range []map[string]any{
@@ -239,7 +247,7 @@ func TestEventsMapEncodingBytesHashesAndCPUPlaceholders(t *testing.T) {
 		c.EventsEncoding, c.EventsHashForm = "map", "bytes"
 		c.NumGPUBlocks, c.NumCPUBlocks, c.CPUEventsSelfDescribing = 3, 10, false
 	})
-	sub := startPy(t, "sub", e.EventsAddr(), "", "2", "20000")
+	sub := startSub(t, e, "", 2)
 	g := goldenHashes(t).HashVectors.SHA256CBOR.Cases["plain"]
 	post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": seqTokens(33, 1), "max_tokens": 1})
 	post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": seqTokens(33, 500), "max_tokens": 1})
@@ -280,7 +288,7 @@ func TestEventsMapEncodingBytesHashesAndCPUPlaceholders(t *testing.T) {
 // then the end marker.
 func TestReplayReturnsMissedBatches(t *testing.T) {
 	e := eventsEngine(t, nil)
-	sub := startPy(t, "sub", e.EventsAddr(), "", "2", "20000")
+	sub := startSub(t, e, "", 2)
 	prompt := func(i int) map[string]any {
 		return map[string]any{"model": "m", "prompt": seqTokens(17, uint32(1000*i)), "max_tokens": 1}
 	}
@@ -314,7 +322,7 @@ func TestReplayReturnsMissedBatches(t *testing.T) {
 // restart_event_seq starts the sequence over at 0 with an empty cache, as a restarted engine would.
 func TestRestartEventSequence(t *testing.T) {
 	e := eventsEngine(t, nil)
-	sub := startPy(t, "sub", e.EventsAddr(), "", "3", "20000")
+	sub := startSub(t, e, "", 3)
 	body := map[string]any{"model": "m", "prompt": seqTokens(17, 1), "max_tokens": 1}
 	post(t, e, "/v1/completions", body)
 	post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": seqTokens(17, 100), "max_tokens": 1})

@@ -7,18 +7,23 @@ import (
 	"testing"
 )
 
-func qwen3Engine(t *testing.T) *Engine {
-	t.Helper()
+// TestQwen3 runs the tests that need a real model directory on one engine (loading the tokenizer is the
+// slow part, especially under -race; -short skips them).
+func TestQwen3(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skips loading the Qwen3 tokenizer")
+	}
 	if !hasTokenizerFiles(qwen3Dir) {
 		t.Skipf("no tokenizer in %s", qwen3Dir)
 	}
-	return startEngine(t, func(c *Config) { c.Model = qwen3Dir; c.ServedModelNames = []string{"qwen3"} })
+	e := startEngine(t, func(c *Config) { c.Model = qwen3Dir; c.ServedModelNames = []string{"qwen3"} })
+	t.Run("TextAndTokenTwins", func(t *testing.T) { testQwen3TextAndTokenTwins(t, e) })
+	t.Run("ChatTextAndTokenTwins", func(t *testing.T) { testQwen3ChatTextAndTokenTwins(t, e) })
 }
 
 // With a model directory the simulator tokenizes with the model's own tokenizer (gateway/model), so a text
 // prompt and its token-ID twin hit the same cache blocks, and output text is decoded with it.
-func TestQwen3TokenizerTextAndTokenTwins(t *testing.T) {
-	e := qwen3Engine(t)
+func testQwen3TextAndTokenTwins(t *testing.T, e *Engine) {
 	b, err := os.ReadFile("testdata/qwen3_golden.json")
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +57,7 @@ func TestQwen3TokenizerTextAndTokenTwins(t *testing.T) {
 }
 
 // A chat request rendered with the chat template and its prompt_token_ids twin hit the same blocks.
-func TestQwen3ChatTextAndTokenTwins(t *testing.T) {
-	e := qwen3Engine(t)
+func testQwen3ChatTextAndTokenTwins(t *testing.T, e *Engine) {
 	msgs := []map[string]string{{"role": "system", "content": strings.Repeat("You are a careful assistant. ", 12)},
 		{"role": "user", "content": "Name three prime numbers."}}
 	r := post(t, e, "/tokenize", map[string]any{"model": "qwen3", "messages": msgs})

@@ -6,7 +6,8 @@
   replay ENDPOINT START TIMEOUT_MS  DEALER: send ["", START as 8-byte BE], print one JSON line per reply
                                     until the end marker (seq 2^64-1), which is printed too.
 
-Bytes are printed as {"hex": "..."}. A line "READY" is printed once the socket is connected and subscribed.
+Bytes are printed as {"hex": "..."}. A line "READY" is printed once the socket has connected and subscribed
+locally; the Go tests then wait until the engine's PUB socket lists the subscription.
 """
 import json
 import sys
@@ -34,7 +35,6 @@ def main():
         s = ctx.socket(zmq.SUB)
         s.connect(endpoint)
         s.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        time.sleep(0.3)  # let the subscription reach the publisher
         print("READY", flush=True)
         got = 0
         deadline = time.time() + timeout / 1000
