@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/route"
@@ -111,7 +113,7 @@ func startGateway(t *testing.T, yaml string) *Gateway {
 		logLevel = slog.LevelInfo
 	}
 	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
-		LoadEncoder: testEncoder, Listener: ln,
+		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache,
 		Log: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))})
 	if err != nil {
 		t.Fatal(err)
@@ -163,4 +165,23 @@ func waitFor(d time.Duration, cond func() bool) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return cond()
+}
+
+// quietRedis drops go-redis's own (global, non-JSON) log lines in tests.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+var policyCache string
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietRedis{})
+	dir, err := os.MkdirTemp("", "kvgate-wazero-")
+	if err != nil {
+		panic(err)
+	}
+	policyCache = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
