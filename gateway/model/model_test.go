@@ -179,7 +179,11 @@ func conversation(t testing.TB, tk *tokenizer.Tokenizer, turnBytes, minTokens in
 func TestEncodePromptEqualsEncode(t *testing.T) {
 	tk := loadTok(t, modelDir(t, "qwen3"))
 	md := New(tk, nil)
-	turns := conversation(t, tk, 1500, 8000)
+	minTokens := 8000
+	if testing.Short() {
+		minTokens = 2000
+	}
+	turns := conversation(t, tk, 1500, minTokens)
 	for k := 1; k <= len(turns); k++ {
 		p := chatML(turns[:k])
 		if got, want := md.EncodePrompt(p), tk.Encode(p, false); !slices.Equal(got, want) {

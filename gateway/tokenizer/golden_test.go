@@ -66,6 +66,9 @@ var (
 // loadModel loads (once per test binary) a reference model.
 func loadModel(t testing.TB, m string) *Tokenizer {
 	t.Helper()
+	if testing.Short() && m != "qwen3" && m != "llama3_1" {
+		t.Skipf("-short: only qwen3 and llama3_1 (the race run); %s runs without -short", m)
+	}
 	dir := modelDir(t, m)
 	loadedMu.Lock()
 	defer loadedMu.Unlock()
@@ -222,8 +225,8 @@ func TestBenchGolden(t *testing.T) {
 	bench := readBench(t)
 	for _, m := range referenceModels {
 		t.Run(m, func(t *testing.T) {
-			if testing.Short() && (m == "gemma3" || m == "llama2") {
-				t.Skip("-short: the whole-text BPE of the Metaspace models is slow under -race")
+			if testing.Short() {
+				t.Skip("-short: the 1 MB text is slow under -race; it runs without -short")
 			}
 			tk := loadModel(t, m)
 			golden := readJSONL[goldenCase](t, filepath.Join("testdata", "goldens", m+".jsonl"))
