@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/redistest"
 )
 
 // benchBatches builds n vLLM GPU store batches of one BlockStored each: blocks blocks of 16 tokens with token
@@ -145,4 +146,31 @@ func BenchmarkIngestDiscard(b *testing.B) {
 		seq++
 	}
 	b.ReportMetric(float64(stored/len(ps))*float64(seq)/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// BenchmarkIngestRedis measures one endpoint's ingestion into the Redis index on a real redis-server
+// (one Lua round trip per Add/Remove, i.e. per event per tier). The index starts empty: pre-filling 1 M
+// keys through Lua would dominate the run time.
+func BenchmarkIngestRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	idx, err := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ps, stored := benchBatches(1024, 32, LayoutMap)
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	seq := uint64(0)
+	for b.Loop() {
+		w := seq % uint64(len(ps))
+		ing.handle(ctx, w, ps[w])
+		seq++
+	}
+	b.ReportMetric(float64(stored/len(ps))*float64(seq)/b.Elapsed().Seconds(), "blocks/s")
+	if s := ing.Stats(); s.DecodeErrors+s.Orphans+s.IndexErrors+s.Gaps+s.UnknownRemoved != 0 {
+		b.Fatalf("stats %+v", s)
+	}
 }

@@ -123,7 +123,9 @@ type Ingester struct {
 	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
 	hashes      map[EngineHash]hashEntry
 	keyBuf      []kvstore.BlockKey
-	addBuf      []kvstore.BlockKey
+	addBuf      []kvstore.BlockKey // removal scratch
+	pending     []kvstore.BlockKey // keys to Add on pendingTier, merged across consecutive stores
+	pendingTier kvstore.Tier
 	grave       []EngineHash // ring of hashes whose refs reached zero, forgotten when overwritten
 	gravePos    int
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
@@ -406,6 +408,7 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
 	for _, ev := range b.Events {
 		in.event(ctx, ev, &c)
 	}
+	in.flush(ctx, &c)
 	lag := in.cfg.Now().Sub(time.Unix(0, int64(b.TS*1e9)))
 	in.bump(func(s *Stats) {
 		s.HaveSeq, s.LastSeq = true, seq
@@ -463,6 +466,7 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			c.unknownMedium++
 			return
 		}
+		in.flush(ctx, c)
 		rm := in.addBuf[:0]
 		for _, h := range e.BlockHashes {
 			he, ok := in.hashes[h]
@@ -486,6 +490,7 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			}
 		}
 	case AllBlocksCleared:
+		in.pending = in.pending[:0]
 		in.forgetAll()
 		if err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint); err != nil {
 			c.indexErrors++
@@ -501,8 +506,12 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 		c.unknownMedium++
 		return
 	}
-	add := in.addBuf[:0]
-	defer func() { in.addBuf = add }()
+	if tier != in.pendingTier {
+		in.flush(ctx, c)
+		in.pendingTier = tier
+	}
+	add := in.pending
+	defer func() { in.pending = add }()
 	if len(e.TokenIDs) == 0 {
 		// Placeholder (vLLM CPU offload without self-describing events): resolve through the map.
 		for _, h := range e.BlockHashes {
@@ -558,13 +567,20 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			}
 		}
 	}
-	if len(add) > 0 {
-		if err := in.cfg.Index.Add(ctx, in.cfg.Model, in.cfg.Endpoint, tier, add); err != nil {
-			c.indexErrors++
-			return
-		}
-		c.blocks += uint64(len(add))
+}
+
+// flush sends the pending Add (consecutive BlockStored events of one tier become one Index call: one round
+// trip on Redis).
+func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
+	if len(in.pending) == 0 {
+		return
 	}
+	if err := in.cfg.Index.Add(ctx, in.cfg.Model, in.cfg.Endpoint, in.pendingTier, in.pending); err != nil {
+		c.indexErrors++
+	} else {
+		c.blocks += uint64(len(in.pending))
+	}
+	in.pending = in.pending[:0]
 }
 
 // cacheSalt finds the cache salt of a chain's first block: SGLang's metadata.cache_salt, or the last string
