@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -178,7 +179,9 @@ func (e *Engine) Close() error {
 type request struct {
 	id        string
 	prompt    []uint32
-	hashes    []digest // full prompt blocks
+	hashes    []digest // full blocks of seq: the prompt's, then output blocks as they fill
+	salt      string
+	seq       []uint32 // prompt then generated tokens (engine-owned)
 	lora      string
 	maxTokens int
 	outStart  int
@@ -264,7 +267,8 @@ func (e *Engine) submit(prompt []uint32, lora, salt string, maxTokens int, notif
 	if total > e.cfg.NumGPUBlocks {
 		return nil, badRequest("the request needs %d KV blocks but the engine has %d", total, e.cfg.NumGPUBlocks)
 	}
-	r := &request{id: newRequestID(), prompt: prompt, lora: lora, maxTokens: maxTokens, notify: notify}
+	r := &request{id: newRequestID(), prompt: prompt, lora: lora, salt: salt, maxTokens: maxTokens, notify: notify}
+	r.seq = slices.Clip(prompt)
 	r.hashes = e.hasher.blockHashes(prompt, e.cfg.BlockSize, lora, salt)
 	r.outStart = e.vocab.start(prompt)
 	e.mu.Lock()
@@ -477,7 +481,9 @@ func (e *Engine) apply(work []stepWork) {
 			from := r.computed / B
 			r.computed += w.prefill
 			r.reloadTokens = 0
-			e.cache.commit(r.blocks, r.hashes, r.prompt, r.lora, from, r.computed/B)
+			if e.cfg.EnablePrefixCaching {
+				e.cache.commit(r.blocks, r.hashes, r.prompt, r.lora, from, r.computed/B)
+			}
 			e.m.promptTokens.Add(float64(w.prefill))
 			if r.computed < len(r.prompt) {
 				continue
@@ -490,8 +496,11 @@ func (e *Engine) apply(work []stepWork) {
 			e.m.itl.Observe((e.vclock - r.lastTokenV).Seconds())
 		}
 		r.lastTokenV = e.vclock
-		r.emit(e.vocab.token(r.outStart, r.generatedN))
+		tok := e.vocab.token(r.outStart, r.generatedN)
+		r.emit(tok)
 		r.generatedN++
+		r.seq = append(r.seq, tok)
+		e.cacheOutputBlock(r)
 		e.m.generationToks.Inc()
 		if r.generatedN >= r.maxTokens {
 			finished = append(finished, r)
@@ -513,6 +522,23 @@ func (e *Engine) apply(work []stepWork) {
 		e.m.requests.WithLabelValues("finished").Inc()
 		r.finish("length", nil)
 	}
+}
+
+// cacheOutputBlock caches the block that the last step's decode completed, as vLLM caches blocks full of
+// generated tokens (a follow-up turn that re-sends the answer then hits them). A token's KV exists once it
+// has been fed back, so after g generated tokens the sequence has prompt+g-1 computed tokens.
+func (e *Engine) cacheOutputBlock(r *request) {
+	B := e.cfg.BlockSize
+	computed := len(r.prompt) + r.generatedN - 1
+	if !e.cfg.EnablePrefixCaching || computed%B != 0 || computed/B <= len(r.hashes) {
+		return
+	}
+	i := computed/B - 1 // the block just completed
+	if i != len(r.hashes) || i >= len(r.blocks) {
+		return
+	}
+	r.hashes = append(r.hashes, e.hasher.next(r.hashes, r.seq[i*B:(i+1)*B], r.lora, r.salt))
+	e.cache.commit(r.blocks, r.hashes, r.seq, r.lora, i, i+1)
 }
 
 func (e *Engine) updateGauges() {

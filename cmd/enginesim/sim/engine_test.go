@@ -492,3 +492,23 @@ func TestKVCacheUsageDuringRequest(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// Blocks filled by generated tokens are cached too (as vLLM caches them), so a follow-up turn that re-sends
+// the answer hits them: 20 prompt + 30 output tokens leave 49 computed tokens = 3 full blocks.
+func TestOutputBlocksAreCached(t *testing.T) {
+	e := startEngine(t, nil)
+	prompt := seqTokens(20, 300)
+	first := decode[completionJSON](t, post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 30}).body)
+	answer := byteModel{}.EncodeCompletion(first.Choices[0].Text) // the byte model: one token per byte
+	if len(answer) != 30 {
+		t.Fatalf("answer %q has %d tokens", first.Choices[0].Text, len(answer))
+	}
+	next := append(append(append([]uint32{}, prompt...), answer...), seqTokens(10, 7)...)
+	second := decode[completionJSON](t, post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": next, "max_tokens": 1}).body)
+	if c := second.Usage.PromptTokensDetails.CachedTokens; c != 48 {
+		t.Fatalf("follow-up cached_tokens = %d, want 48", c)
+	}
+	if g := e.Stats().GPUCachedBlocks; g != 3 {
+		t.Fatalf("GPU cached blocks = %d, want 3", g)
+	}
+}

@@ -30,3 +30,13 @@ func (b blockHasher) blockHashes(tokens []uint32, blockSize int, lora, salt stri
 	}
 	return out
 }
+
+// next returns the digest of the block after hashes (block len(hashes) of a request) holding tokens.
+func (b blockHasher) next(hashes []digest, tokens []uint32, lora, salt string) digest {
+	parent := b.h.NoneHash()
+	if len(hashes) > 0 {
+		parent = vllmhash.Digest(hashes[len(hashes)-1])
+	}
+	extra := vllmhash.BlockExtra(len(hashes), kvstore.ExtraKeys{LoRA: lora, CacheSalt: salt})
+	return digest(vllmhash.BlockHash(parent, tokens, extra))
+}
