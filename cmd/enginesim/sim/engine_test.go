@@ -76,6 +76,9 @@ func TestCPUTierHitPricedBetweenGPUHitAndMiss(t *testing.T) {
 	if u := decode[completionJSON](t, cpuHit.body).Usage; u.PromptTokensDetails.CachedTokens != 2032 {
 		t.Fatalf("CPU-tier hit cached_tokens = %d, want 2032", u.PromptTokensDetails.CachedTokens)
 	}
+	if h := cpuHit.header.Get("X-Enginesim-CPU-Cached-Tokens"); h != "2016" {
+		t.Fatalf("CPU cached tokens header %q, want 2016", h)
+	}
 	m, c, g := ttftHeader(t, miss), ttftHeader(t, cpuHit), ttftHeader(t, gpuHit)
 	// 1 block on GPU + 126 on CPU: 7.86 ms + 2016 × 5 µs = 17.94 ms.
 	if !near(c, 0.01794) || !near(g, 0.00786) || !near(m, 0.10946) {

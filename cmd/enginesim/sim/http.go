@@ -578,8 +578,9 @@ type completionResponse struct {
 	Usage   usage              `json:"usage"`
 }
 
-// whole waits for every token and writes one JSON response. The simulator's own timing of the first
-// prompt goes in headers: X-Enginesim-TTFT-Seconds, X-Enginesim-Queue-Seconds (simulated model time).
+// whole waits for every token and writes one JSON response. The simulator's own view of the first prompt
+// goes in headers: X-Enginesim-TTFT-Seconds, X-Enginesim-Queue-Seconds (simulated model time) and
+// X-Enginesim-CPU-Cached-Tokens (the part of cached_tokens reloaded from the CPU tier).
 func (o *output) whole(r *http.Request, notify chan struct{}) {
 	reasons := make([]string, len(o.reqs))
 	for {
@@ -605,6 +606,7 @@ func (o *output) whole(r *http.Request, notify chan struct{}) {
 	_, _, _, _, st := o.reqs[0].snapshot(0)
 	o.w.Header().Set("X-Enginesim-TTFT-Seconds", strconv.FormatFloat(st.TTFT.Seconds(), 'f', -1, 64))
 	o.w.Header().Set("X-Enginesim-Queue-Seconds", strconv.FormatFloat(st.QueueTime.Seconds(), 'f', -1, 64))
+	o.w.Header().Set("X-Enginesim-CPU-Cached-Tokens", strconv.Itoa(st.CPUCachedTokens))
 	u := o.usage()
 	if o.chat {
 		resp := chatResponse{ID: o.id, Object: "chat.completion", Created: o.created, Model: o.s.model, Usage: u}
