@@ -146,3 +146,47 @@ func TestTokenizeErrors(t *testing.T) {
 		t.Errorf("jsonl output %q", out)
 	}
 }
+
+// TestTokenizeChat renders a reference conversation with --chat (prompt and IDs must equal the Python
+// jinja2 render and HF's IDs, from gateway/model/testdata) and checks that a request the template rejects
+// prints {"error"} and fails.
+func TestTokenizeChat(t *testing.T) {
+	testdata := filepath.Join("..", "..", "gateway", "model", "testdata")
+	body := `{"model":"m","messages":[{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello! What's 2+2?"}],"add_generation_prompt":true}`
+	want, err := os.ReadFile(filepath.Join(testdata, "renders", "qwen3", "sys_user_gen.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantIDs []uint32
+	for _, g := range readLines[goldenIDs](t, filepath.Join(testdata, "renders", "qwen3.ids.jsonl")) {
+		if g.Name == "sys_user_gen" {
+			wantIDs = g.IDs
+		}
+	}
+	out, err := runTokenize(t, body, "--model", tokModelDir(t, "qwen3"), "--chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Prompt string   `json:"prompt"`
+		IDs    []uint32 `json:"ids"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if got.Prompt != string(want) || !slices.Equal(got.IDs, wantIDs) {
+		t.Errorf("--chat: got %q %v\nwant %q %v", got.Prompt, got.IDs, want, wantIDs)
+	}
+	// Gemma-3's template raises when roles do not alternate.
+	bad := `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}`
+	out, err = runTokenize(t, bad, "--model", tokModelDir(t, "gemma3"), "--chat")
+	if err == nil || !strings.HasPrefix(out, `{"error":"`) || !strings.Contains(out, "alternate") {
+		t.Errorf("rejected request: out %q err %v", out, err)
+	}
+	// In --jsonl, chat lines and text lines mix, in order.
+	out, err = runTokenize(t, body+"\n{\"text\":\"Hello world\"}\n", "--model", tokModelDir(t, "qwen3"), "--jsonl")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if err != nil || len(lines) != 2 || !strings.HasPrefix(lines[0], `{"prompt":"<|im_start|>system`) || lines[1] != `{"ids":[9707,1879]}` {
+		t.Errorf("jsonl chat+text: %q %v", out, err)
+	}
+}

@@ -19,11 +19,11 @@
 package model
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
@@ -32,8 +32,9 @@ type Renderer interface {
 	Render(chatRequestJSON []byte) (string, error)
 }
 
-// ErrNoChatTemplate is returned by EncodeChat for a model whose directory has no chat template.
-var ErrNoChatTemplate = errors.New("model: the model has no chat template")
+// ErrNoChatTemplate is returned by EncodeChat for a model whose directory has no chat template (Load
+// accepts such a directory: completions still work). It is chattemplate.ErrNoTemplate.
+var ErrNoChatTemplate = chattemplate.ErrNoTemplate
 
 // Model combines a tokenizer and a chat template with a cache of encoded prompt segments.
 type Model struct {
@@ -133,7 +134,8 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 }
 
 // Load reads an HF model directory: the tokenizer (tokenizer.json or tokenizer.json.gz,
-// tokenizer_config.json) and the chat template of tokenizer_config.json.
+// tokenizer_config.json) and the chat template (gateway/chattemplate.Load). A directory without a chat
+// template loads; its EncodeChat returns ErrNoChatTemplate.
 func Load(dir string) (*Model, error) {
 	tok, err := tokenizer.Load(dir)
 	if err != nil {

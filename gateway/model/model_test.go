@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
@@ -237,5 +238,96 @@ func TestSegmentCacheBounded(t *testing.T) {
 	s := fmt.Sprintf("%08d%s", 9999, strings.Repeat("x", 100))
 	if ids, ok := c.get(s); !ok || ids[0] != 9999 {
 		t.Errorf("latest entry missing")
+	}
+}
+
+type refConversation struct {
+	Name                string          `json:"name"`
+	AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	Tools               bool            `json:"tools"`
+	Kwargs              json.RawMessage `json:"kwargs"`
+	Messages            json.RawMessage `json:"messages"`
+}
+
+// requestBody builds the OpenAI chat request of a reference conversation.
+func requestBody(t testing.TB, c refConversation) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"model": "m", "messages": %s, "add_generation_prompt": %v`, c.Messages, c.AddGenerationPrompt)
+	if c.Tools {
+		tools, err := os.ReadFile(filepath.Join("testdata", "tools.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, `, "tools": %s`, tools)
+	}
+	if len(c.Kwargs) > 0 {
+		fmt.Fprintf(&b, `, "chat_template_kwargs": %s`, c.Kwargs)
+	}
+	b.WriteString("}")
+	return []byte(b.String())
+}
+
+// TestEncodeChatGoldens runs the 7 reference conversations through Load + EncodeChat for the 4 models with
+// templates: the prompt must equal the Python jinja2 reference render and the IDs HF's tokenizers' IDs
+// for that render.
+func TestEncodeChatGoldens(t *testing.T) {
+	var convs []refConversation
+	b, err := os.ReadFile(filepath.Join("testdata", "conversations.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &convs); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"qwen3", "llama3_1", "deepseek_v3", "gemma3"} {
+		t.Run(m, func(t *testing.T) {
+			md, err := Load(modelDir(t, m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := map[string][]uint32{}
+			for _, g := range readIDs(t, filepath.Join("testdata", "renders", m+".ids.jsonl")) {
+				golden[g.Name] = g.IDs
+			}
+			for _, c := range convs {
+				want, err := os.ReadFile(filepath.Join("testdata", "renders", m, c.Name+".txt"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				prompt, ids, err := md.EncodeChat(requestBody(t, c))
+				if msg, ok := strings.CutPrefix(string(want), "ERROR: TemplateError: "); ok {
+					// The reference template raised: EncodeChat must fail the same way.
+					re, isRender := errors.AsType[*chattemplate.RenderError](err)
+					if !isRender || !errors.Is(err, chattemplate.ErrTemplateRaised) || re.Message != strings.TrimSpace(msg) {
+						t.Errorf("%s: err = %v, want the template's exception %q", c.Name, err, msg)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: %v", c.Name, err)
+					continue
+				}
+				if prompt != string(want) {
+					t.Errorf("%s: prompt differs from the reference render\n got  %q\n want %q", c.Name, prompt, want)
+				}
+				if !slices.Equal(ids, golden[c.Name]) {
+					t.Errorf("%s: IDs differ from HF", c.Name)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadWithoutTemplate: Llama-2's directory has no chat template; it loads for completions.
+func TestLoadWithoutTemplate(t *testing.T) {
+	md, err := Load(modelDir(t, "llama2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := md.EncodeChat([]byte(`{"messages":[{"role":"user","content":"hi"}]}`)); !errors.Is(err, ErrNoChatTemplate) {
+		t.Errorf("EncodeChat err = %v, want ErrNoChatTemplate", err)
+	}
+	if got := md.EncodeCompletion("hello"); !slices.Equal(got, []uint32{1, 6312, 28709}) { // HF: <s> ▁hell o
+		t.Errorf("EncodeCompletion = %v", got)
 	}
 }

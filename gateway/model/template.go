@@ -1,12 +1,18 @@
-//go:build chattemplate_wired
-
 package model
 
-import "github.com/kvgate/kvgate/gateway/chattemplate"
+import (
+	"errors"
 
-// loadTemplate loads the chat template of dir with gateway/chattemplate.
+	"github.com/kvgate/kvgate/gateway/chattemplate"
+)
+
+// loadTemplate loads the chat template of dir with gateway/chattemplate; a directory without one gives a
+// nil Renderer (the model then serves completions only).
 func loadTemplate(dir string) (Renderer, error) {
 	t, err := chattemplate.Load(dir)
+	if errors.Is(err, chattemplate.ErrNoTemplate) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ type addedToken struct {
 // matcher finds added tokens leftmost-longest (HF uses an Aho-Corasick automaton in LeftmostLongest mode;
 // a byte trie probed only at bytes that can start a token gives the same matches).
 type matcher struct {
-	first [256]bool
+	first  [256]bool
 	nodes  []trieNode
 	toks   []addedToken
 	maxLen int // longest match string, in bytes
