@@ -122,3 +122,30 @@ func (e *Env) Gateway(name string, cfg config.Config) *Gateway {
 	}
 	return g
 }
+
+// Gateways starts n kvgate processes named g0..g(n-1) with the same cfg, concurrently, and waits until
+// every one is ready.
+func (e *Env) Gateways(n int, cfg config.Config) []*Gateway {
+	e.T.Helper()
+	out := make([]*Gateway, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			out[i], errs[i] = StartGateway(context.Background(), GatewayOptions{Bin: e.Bins.KVGate,
+				Name: fmt.Sprintf("g%d", i), Dir: e.Dir, Config: cfg})
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if out[i] != nil {
+			e.track(out[i].Proc)
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			e.T.Fatalf("start gateway g%d: %v", i, err)
+		}
+	}
+	return out
+}
