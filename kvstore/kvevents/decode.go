@@ -29,9 +29,13 @@ const maxDepth = 32
 // DecodeError reports why Decode rejected a payload: Kind is ErrMalformed, ErrWrongType or ErrTooLarge,
 // Offset the byte offset in the payload where it was noticed, Where the field being read.
 type DecodeError struct {
-	Kind   error
+	// Kind is ErrMalformed, ErrWrongType or ErrTooLarge.
+	Kind error
+	// Offset is the byte offset in the payload.
 	Offset int
-	Where  string
+	// Where names the field being read ("batch.ts", "BlockStored.token_ids", ...).
+	Where string
+	// Detail says what was found.
 	Detail string
 }
 

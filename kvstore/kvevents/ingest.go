@@ -54,8 +54,10 @@ type IngesterConfig struct {
 
 // Stats are one Ingester's counters, as of the call to Stats. Counters only grow (across reconnects).
 type Stats struct {
-	Endpoint  kvstore.EndpointID
-	Connected bool // the SUB socket is connected
+	// Endpoint is IngesterConfig.Endpoint.
+	Endpoint kvstore.EndpointID
+	// Connected says whether the SUB socket is connected.
+	Connected bool
 	// Reconnects counts connections after the first.
 	Reconnects uint64
 	// Batches and Events count applied batches and events (replayed ones included); Blocks counts blocks
