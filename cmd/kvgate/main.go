@@ -28,7 +28,8 @@ func main() {
 func subcommands() []*cobra.Command {
 	return []*cobra.Command{
 		newKVCmd(),
-		newPolicyCmd(),
+		newPolicyCmd(policyAdminCmds()...),
+		newServeCmd(),
 		newTokenizeCmd(),
 	}
 }
