@@ -197,8 +197,8 @@ func TestMultiGatewayRedis(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 
-	for gi, seen := range newPolicySeenByGate {
-		if !seen.Load() {
+	for gi := range newPolicySeenByGate {
+		if !newPolicySeenByGate[gi].Load() {
 			t.Errorf("%s: no response carried x-kvgate-policy %s", gws[gi].Name, short)
 		}
 	}
