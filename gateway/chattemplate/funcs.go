@@ -87,7 +87,7 @@ var (
 
 // strftime formats t like Python's datetime.strftime on Linux (glibc, C locale), which is what
 // transformers' strftime_now calls. Supported: %a %A %b %h %B %c %C %d %D %e %F %H %I %j %k %l %m %M %n
-// %p %r %R %S %t %T %u %w %x %X %y %Y %z %Z %% and glibc's "-" flag (no padding, e.g. %-d). Any other
+// %p %r %R %S %t %T %u %U %w %W %x %X %y %Y %z %Z %% and glibc's "-" flag (no padding, e.g. %-d). Any other
 // directive is copied through unchanged, as glibc does.
 func strftime(t time.Time, format string) string {
 	var b strings.Builder
@@ -177,6 +177,10 @@ func strftime(t time.Time, format string) string {
 			b.WriteByte('\t')
 		case 'T', 'X':
 			b.WriteString(strftime(t, "%H:%M:%S"))
+		case 'U':
+			num((t.YearDay()-1+7-int(t.Weekday()))/7, 2)
+		case 'W':
+			num((t.YearDay()-1+7-(int(t.Weekday())+6)%7)/7, 2)
 		case 'u':
 			wd := int(t.Weekday())
 			if wd == 0 {

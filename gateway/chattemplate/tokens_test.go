@@ -30,6 +30,9 @@ func needModel(t *testing.T, model string) string {
 // (testdata/render_ids.json, written by testdata/gen/render_ids.mjs). It also checks that what Render
 // returns for each conversation encodes to the same IDs.
 func TestRenderTokenIDs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads four tokenizers; run without -short (make test-unit does)")
+	}
 	var golden map[string]map[string][]uint32
 	if err := json.Unmarshal(readFile(t, "testdata/render_ids.json"), &golden); err != nil {
 		t.Fatal(err)
