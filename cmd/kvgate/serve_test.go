@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/plugins"
+)
+
+// `kvgate serve` with simulated engines answers the banner's curl, and the policy admin commands drive it.
+func TestServeAndPolicyCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a gateway with simulated engines")
+	}
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	abs, _ := filepath.Abs("../../examples/models/qwen3")
+	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nadmin_token_env: KVGATE_TEST_ADMIN\nmodels:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
+	t.Setenv("KVGATE_TEST_ADMIN", "s3cret")
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, pw); pw.Close() }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("serve did not stop")
+		}
+	}()
+	var banner strings.Builder
+	addr := ""
+	sc := bufio.NewScanner(pr)
+	re := regexp.MustCompile(`listening on http://(\S+) with 2 simulated engines`)
+	for sc.Scan() {
+		banner.WriteString(sc.Text() + "\n")
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			addr = m[1]
+		}
+		if strings.HasPrefix(sc.Text(), "Metrics:") {
+			break
+		}
+	}
+	go io.Copy(io.Discard, pr)
+	if addr == "" || !strings.Contains(banner.String(), "Admin token: from $KVGATE_TEST_ADMIN") {
+		t.Fatalf("banner:\n%s", banner.String())
+	}
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"qwen3","messages":[{"role":"user","content":"Hello!"}],"max_tokens":16}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("x-kvgate-endpoint"), "sim-qwen3-") ||
+		!strings.Contains(string(b), `"prompt_tokens":10`) {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+
+	wasm := filepath.Join(dir, "p.wasm")
+	os.WriteFile(wasm, plugins.BuiltinWasm, 0o600)
+	run := func(args ...string) (string, error) {
+		root := policyAdminCmds()
+		var cmd = root[0]
+		for _, c := range root {
+			if c.Name() == args[0] {
+				cmd = c
+			}
+		}
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(append(args[1:], "--gateway", "http://"+addr, "--token-env", "KVGATE_TEST_ADMIN"))
+		err := cmd.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := run("upload", "mine", wasm)
+	if err != nil || !strings.Contains(out, `"accepted": true`) {
+		t.Fatalf("upload: %v\n%s", err, out)
+	}
+	ver := string(plugins.VersionOf("mine", plugins.BuiltinWasm))
+	if out, err := run("activate", "qwen3", ver[:len("mine@")+10], "--config", `{"imbalance_threshold":2}`); err != nil {
+		t.Fatalf("activate: %v\n%s", err, out)
+	}
+	if out, err := run("list"); err != nil || !strings.Contains(out, `"imbalance_threshold": 2`) {
+		t.Fatalf("list: %v\n%s", err, out)
+	}
+	if out, err := run("rollback", "qwen3"); err != nil || !strings.Contains(out, "three-tier@") {
+		t.Fatalf("rollback: %v\n%s", err, out)
+	}
+	if _, err := run("rollback", "nope"); err == nil {
+		t.Fatal("rollback of an unknown model succeeded")
+	}
+}
