@@ -573,6 +573,7 @@ func (e *Engine) flushEvents() {
 	}
 	drop := e.faults.takeEventDrop()
 	if drop {
+		e.log.Info("fault: dropping a kv event batch")
 		e.m.faults.WithLabelValues("drop_event_batch").Inc()
 		e.m.eventBatchesDropped.Inc()
 	}
@@ -618,6 +619,7 @@ func (e *Engine) SetFaults(f Faults) error {
 		e.pub.restart()
 	}
 	e.m.faults.WithLabelValues("restart_event_seq").Inc()
+	e.log.Info("fault: restarted the kv event sequence and emptied the cache")
 	return nil
 }
 

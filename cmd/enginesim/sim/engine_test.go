@@ -515,3 +515,61 @@ func TestOutputBlocksAreCached(t *testing.T) {
 		t.Fatalf("GPU cached blocks = %d, want 3", g)
 	}
 }
+
+// The step model: decode ITL grows with the batch, prefill is paid per uncached token, CPU-tier hits per
+// reloaded token, and the token budget chunks long prefills.
+func TestStepDurationModel(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.MaxNumBatchedTokens = 1024 })
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	decoding := func(n int) []*request {
+		var rs []*request
+		for range n {
+			rs = append(rs, &request{prompt: seqTokens(10, 1), computed: 10})
+		}
+		return rs
+	}
+	for _, tc := range []struct {
+		name    string
+		running []*request
+		want    time.Duration
+		work    int
+	}{
+		{"1 decode", decoding(1), 7*time.Millisecond + 60*time.Microsecond, 1},
+		{"8 decodes", decoding(8), 7*time.Millisecond + 8*60*time.Microsecond, 8},
+		{"64 decodes", decoding(64), 7*time.Millisecond + 64*60*time.Microsecond, 64},
+		{"prefill chunk + 2 decodes", append(decoding(2), &request{prompt: seqTokens(4000, 1)}),
+			7*time.Millisecond + 3*60*time.Microsecond + 1022*50*time.Microsecond, 3},
+		{"CPU reload", []*request{{prompt: seqTokens(100, 1), computed: 96, reloadTokens: 80}},
+			7*time.Millisecond + 60*time.Microsecond + 4*50*time.Microsecond + 80*5*time.Microsecond, 1},
+	} {
+		e.running = tc.running
+		work, dur := e.plan()
+		if dur != tc.want || len(work) != tc.work {
+			t.Errorf("%s: %v with %d items, want %v with %d", tc.name, dur, len(work), tc.want, tc.work)
+		}
+	}
+	e.running = nil
+}
+
+// A prompt longer than the step budget is prefilled in chunks: 2048 tokens at 1024 per step take two
+// steps of 7.06 ms + 1024 × 50 µs each.
+func TestChunkedPrefillTTFT(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.MaxNumBatchedTokens = 1024 })
+	r := post(t, e, "/v1/completions", map[string]any{"model": "m", "prompt": seqTokens(2048, 1), "max_tokens": 2})
+	if got := ttftHeader(t, r); !near(got, 2*(0.00706+1024*0.00005)) {
+		t.Fatalf("TTFT %v, want %v", got, 2*(0.00706+1024*0.00005))
+	}
+}
+
+func TestPrefixCachingDisabled(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.EnablePrefixCaching = false })
+	body := map[string]any{"model": "m", "prompt": seqTokens(100, 1), "max_tokens": 2}
+	post(t, e, "/v1/completions", body)
+	if c := decode[completionJSON](t, post(t, e, "/v1/completions", body).body).Usage.PromptTokensDetails.CachedTokens; c != 0 {
+		t.Fatalf("cached_tokens %d with prefix caching off", c)
+	}
+	if g := e.Stats().GPUCachedBlocks; g != 0 {
+		t.Fatalf("%d blocks cached with prefix caching off", g)
+	}
+}

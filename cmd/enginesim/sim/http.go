@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -141,6 +142,7 @@ func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonReque
 	f := e.faults.draw()
 	if f.stall > 0 {
 		e.m.faults.WithLabelValues("stall").Inc()
+		e.log.InfoContext(r.Context(), "fault: stalling before headers", slog.Duration("stall", f.stall))
 		t := time.NewTimer(f.stall)
 		select {
 		case <-t.C:
@@ -152,6 +154,7 @@ func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonReque
 	if f.failStatus != 0 {
 		e.m.faults.WithLabelValues("fail_" + strconv.Itoa(f.failStatus)).Inc()
 		e.m.requests.WithLabelValues("fault").Inc()
+		e.log.InfoContext(r.Context(), "fault: failing request", slog.Int("status", f.failStatus))
 		typ := "InternalServerError"
 		if f.failStatus == http.StatusServiceUnavailable {
 			typ = "ServiceUnavailableError"
@@ -365,6 +368,7 @@ func (o *output) abort(kind string) {
 	}
 	if kind != "" {
 		o.e.m.faults.WithLabelValues(kind).Inc()
+		o.e.log.Info("fault: closing the connection", slog.String("kind", kind), slog.Int("chunks", o.chunks))
 		panic(http.ErrAbortHandler)
 	}
 }
