@@ -66,6 +66,9 @@ type Stats struct {
 	// Gaps counts sequence gaps; Replays successful replays that closed one; ReplayFailures replays that
 	// failed or did not reach back far enough (the endpoint was then cleared).
 	Gaps, Replays, ReplayFailures uint64
+	// CatchUps counts replays from seq 0 on connecting to a publisher already past seq 0 (with a replay
+	// address): the buffered history is applied before live messages.
+	CatchUps uint64
 	// Restarts counts sequence restarts (seq back to 0 or otherwise backwards: the engine restarted).
 	Restarts uint64
 	// Clears counts ClearEndpoint calls (AllBlocksCleared, restarts, unrepaired gaps).
@@ -280,12 +283,27 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 	have, last := in.stats.HaveSeq, in.stats.LastSeq
 	in.mu.Unlock()
 	switch {
+	case !have && seq > 0 && in.cfg.ReplayAddr != "":
+		// The first message from a publisher that has been running for a while: fetch its buffered history
+		// first, so blocks announced before we connected are known (and later children are not orphans).
+		in.replay(ctx, 0)
+		in.mu.Lock()
+		have, last = in.stats.HaveSeq, in.stats.LastSeq
+		in.mu.Unlock()
+		in.bump(func(s *Stats) { s.CatchUps++ })
+		switch {
+		case have && seq <= last:
+			in.dupLo, in.dupHi = seq, last
+			return
+		case have && seq > last+1: // the buffer has a hole before seq
+			in.clear(ctx, true)
+		}
 	case !have || seq == last+1:
 	case seq > last+1:
 		in.bump(func(s *Stats) { s.Gaps++ })
 		in.log.WarnContext(ctx, "kv events sequence gap", slog.Uint64("expected", last+1), slog.Uint64("got", seq))
 		if in.cfg.ReplayAddr != "" {
-			in.replay(ctx, last+1, seq)
+			in.replay(ctx, last+1)
 			in.mu.Lock()
 			last = in.stats.LastSeq
 			in.mu.Unlock()
@@ -315,8 +333,8 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 }
 
 // replay fetches batches from seq `from` on through the replay socket and applies those that continue the
-// sequence. trigger is the sequence number that revealed the gap.
-func (in *Ingester) replay(ctx context.Context, from, trigger uint64) {
+// sequence (the first one when no sequence number has been seen yet).
+func (in *Ingester) replay(ctx context.Context, from uint64) {
 	rctx, cancel := context.WithTimeout(ctx, in.cfg.ReplayTimeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(in.cfg.ReplayTimeout))
@@ -350,9 +368,9 @@ func (in *Ingester) replay(ctx context.Context, from, trigger uint64) {
 			return
 		}
 		in.mu.Lock()
-		last := in.stats.LastSeq
+		have, last := in.stats.HaveSeq, in.stats.LastSeq
 		in.mu.Unlock()
-		if seq == last+1 {
+		if !have || seq == last+1 {
 			in.apply(ctx, seq, f[2])
 		}
 		// Older batches are skipped; a batch beyond last+1 means the buffer no longer reaches back to the

@@ -503,3 +503,28 @@ func TestRemovedMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestIngestCatchUp connects to a publisher that has already sent seq 0..2: with a replay address the
+// buffered history is applied first; without one, the child events that follow are orphans.
+func TestIngestCatchUp(t *testing.T) {
+	for _, replay := range []bool{true, false} {
+		t.Run(fmt.Sprint("replay=", replay), func(t *testing.T) {
+			p := startPub(t, 0, 0)
+			toks := tokens(1, 64)
+			_, b0 := storeRoot(t, toks)
+			p.lose(0, b0) // published before anyone subscribed
+			p.lose(1, storeChild(t, toks, 1))
+			p.lose(2, storeChild(t, toks, 2))
+			ing, idx := newTestIngester(t, p, replay)
+			p.pub(3, storeChild(t, toks, 3))
+			s := waitStats(t, ing, "seq 3", seqIs(3))
+			g, _ := match(t, idx, toks, kvstore.ExtraKeys{})
+			if replay && (g != 4 || s.CatchUps != 1 || s.Batches != 4 || s.Orphans != 0) {
+				t.Fatalf("with replay: %d blocks; stats %+v", g, s)
+			}
+			if !replay && (g != 0 || s.CatchUps != 0 || s.Batches != 1 || s.Orphans != 1) {
+				t.Fatalf("without replay: %d blocks; stats %+v", g, s)
+			}
+		})
+	}
+}
