@@ -435,7 +435,7 @@ func TestEnginesHaveOwnMetrics(t *testing.T) {
 func TestTokenizeAndResetEndpoints(t *testing.T) {
 	e := startEngine(t, nil)
 	r := post(t, e, "/tokenize", `{"model":"m","prompt":"abc"}`)
-	if string(r.body) != `{"count":3,"max_model_len":131072,"token_strs":null,"tokens":[97,98,99]}` {
+	if string(r.body) != `{"count":3,"max_model_len":131072,"tokens":[97,98,99],"token_strs":null}` {
 		t.Fatalf("tokenize: %s", r.body)
 	}
 	body := map[string]any{"model": "m", "prompt": seqTokens(40, 1), "max_tokens": 1}

@@ -651,7 +651,10 @@ func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
 		data = append(data, modelCard{ID: l, Object: "model", Created: now, OwnedBy: "vllm", Root: l, Parent: &parent,
 			MaxModelLen: e.cfg.MaxModelLen, Permission: []struct{}{}})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	writeJSON(w, http.StatusOK, struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{"list", data})
 }
 
 // handleTokenize answers vLLM's POST /tokenize: {"prompt": text} (special tokens added) or a chat body
@@ -691,7 +694,12 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	if ids == nil {
 		ids = []uint32{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": e.cfg.MaxModelLen, "tokens": ids, "token_strs": nil})
+	writeJSON(w, http.StatusOK, struct {
+		Count       int       `json:"count"`
+		MaxModelLen int       `json:"max_model_len"`
+		Tokens      []uint32  `json:"tokens"`
+		TokenStrs   *[]string `json:"token_strs"`
+	}{len(ids), e.cfg.MaxModelLen, ids, nil})
 }
 
 func (e *Engine) handleReset(w http.ResponseWriter, _ *http.Request) {
