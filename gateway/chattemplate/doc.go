@@ -25,6 +25,7 @@
 // inserts metering calls (see RATIONALE.md), so a template that loops or recurses without end, or grows
 // its output without bound, stops with a *RenderError instead of hanging or crashing the process.
 //
-// Errors: *RequestError (ErrBadRequest, ErrUnsupportedContent) before rendering; *RenderError
-// (ErrTemplateRaised, ErrTemplateFailed, ErrLimit) during it. A Template is safe for concurrent use.
+// Errors: *RequestError (ErrBadRequest, ErrUnsupportedContent, ErrLimit for too many messages) before
+// rendering; *RenderError (ErrTemplateRaised, ErrTemplateFailed, ErrLimit) during it. A Template is safe
+// for concurrent use.
 package chattemplate

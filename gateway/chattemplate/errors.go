@@ -12,7 +12,7 @@ var (
 	ErrTemplateRaised = errors.New("chattemplate: template raised an exception")
 	// ErrTemplateFailed: the template failed while rendering (undefined operation, type error, ...).
 	ErrTemplateFailed = errors.New("chattemplate: template failed")
-	// ErrLimit: a render limit was hit (output size, loop iterations, recursion depth, time).
+	// ErrLimit: a limit was hit (message count, output size, loop iterations, recursion depth, time).
 	ErrLimit = errors.New("chattemplate: render limit exceeded")
 	// ErrUnsupportedContent: a content part the gateway cannot render exactly (media on a template that
 	// takes string content, embeddings, unknown part types).
@@ -46,10 +46,12 @@ func (e *RenderError) Unwrap() []error {
 }
 
 // RequestError reports a request the gateway rejects before rendering: malformed JSON, a message that
-// is not an object, a missing role, a bad content part (ErrBadRequest), or content the template cannot
-// take exactly (ErrUnsupportedContent). Path locates the problem, e.g. "messages[2].content[1]".
+// is not an object, a missing role, a bad content part (ErrBadRequest), content the template cannot take
+// exactly (ErrUnsupportedContent), or more messages than Limits.MaxMessages (ErrLimit; vLLM itself has no
+// such limit, so a caller may choose to forward such a request without routing information). Path locates
+// the problem, e.g. "messages[2].content[1]".
 type RequestError struct {
-	Kind    error  // ErrBadRequest or ErrUnsupportedContent
+	Kind    error  // ErrBadRequest, ErrUnsupportedContent or ErrLimit
 	Path    string // JSON path of the offending value ("" for the whole body)
 	Message string
 }

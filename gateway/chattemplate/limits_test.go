@@ -54,8 +54,8 @@ func TestHundredThousandMessages(t *testing.T) {
 	tmpl := newTemplate(t, "qwen3")
 	_, err := tmpl.Render(b.Bytes())
 	var re *chattemplate.RequestError
-	if !errors.As(err, &re) || re.Path != "messages" || !strings.Contains(re.Message, "16384") {
-		t.Fatalf("want a *RequestError on messages naming the 16384 limit, got %v", err)
+	if !errors.As(err, &re) || !errors.Is(err, chattemplate.ErrLimit) || re.Path != "messages" || !strings.Contains(re.Message, "16384") {
+		t.Fatalf("want a *RequestError (ErrLimit) on messages naming the 16384 limit, got %v", err)
 	}
 	// The limit is configurable and exact.
 	small := newTemplate(t, "qwen3", chattemplate.WithLimits(chattemplate.Limits{MaxMessages: 2}))

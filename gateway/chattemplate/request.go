@@ -129,7 +129,7 @@ func (d *jsonDecoder) messageList(max int) ([]jinja.Value, error) {
 	var msgs []jinja.Value
 	for d.dec.More() {
 		if len(msgs) >= max {
-			return nil, &RequestError{Kind: ErrBadRequest, Path: "messages",
+			return nil, &RequestError{Kind: ErrLimit, Path: "messages",
 				Message: fmt.Sprintf("more than %d messages (limit)", max)}
 		}
 		v, err := d.value(2)

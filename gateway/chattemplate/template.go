@@ -25,8 +25,8 @@ const (
 
 // Limits bound one render. Zero fields take the defaults above.
 type Limits struct {
-	// MaxMessages is the longest message list accepted; a longer one is a *RequestError, found while the
-	// list is decoded.
+	// MaxMessages is the longest message list accepted; a longer one is a *RequestError with ErrLimit,
+	// found while the list is decoded.
 	MaxMessages int
 	// MaxOutputBytes bounds the rendered prompt in bytes. Output is also metered while the template runs
 	// (every {{ }} value and the literal text of every loop or macro body, counted generously), and the
