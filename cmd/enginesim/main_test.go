@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,5 +100,90 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	}
 	if n := strings.Count(help, "\n  "); n < 35 {
 		t.Errorf("help has %d flag lines, want every flag:\n%s", n, help)
+	}
+}
+
+// The command serves the done-when configuration (free ports instead of fixed ones) and stops cleanly on
+// SIGTERM.
+func TestCommandServesAndStops(t *testing.T) {
+	if os.Getenv("ENGINESIM_RUN_CHILD") == "1" {
+		var args []string
+		if err := json.Unmarshal([]byte(os.Getenv("ENGINESIM_ARGS")), &args); err != nil {
+			os.Exit(4)
+		}
+		if err := run(args); err != nil {
+			os.Stderr.WriteString("run: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	args := []string{"--model", "../../examples/models/qwen3", "--served-model-name", "qwen3", "--port", "0", "--host", "127.0.0.1",
+		"--time-scale", "0", "--kv-events-config",
+		`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`}
+	argsJSON, _ := json.Marshal(args)
+	cmd := exec.Command(os.Args[0], "-test.run=TestCommandServesAndStops")
+	cmd.Env = append(os.Environ(), "ENGINESIM_RUN_CHILD=1", "ENGINESIM_ARGS="+string(argsJSON))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var httpAddr string
+	deadline := time.After(30 * time.Second)
+	for httpAddr == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("enginesim exited before starting")
+			}
+			if strings.Contains(l, "enginesim started") {
+				for _, f := range strings.Fields(l) {
+					if a, ok := strings.CutPrefix(f, "http="); ok {
+						httpAddr = a
+					}
+				}
+				if !strings.Contains(l, "events=tcp://127.0.0.1:") || !strings.Contains(l, "replay=tcp://127.0.0.1:") {
+					t.Fatalf("start line without event addresses: %s", l)
+				}
+			}
+		case <-deadline:
+			t.Fatal("enginesim did not start")
+		}
+	}
+	resp, err := http.Post("http://"+httpAddr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"qwen3","messages":[{"role":"user","content":"Hello"}],"max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"completion_tokens":3`) {
+		t.Fatalf("chat: %d %s", resp.StatusCode, body)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() {
+		for range lines {
+		}
+		done <- cmd.Wait()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("enginesim did not stop on SIGTERM")
 	}
 }
