@@ -409,10 +409,19 @@ func TestSwapUnderLoad(t *testing.T) {
 		}()
 	}
 	swaps := 0
+	// Alternate two WAT modules (bomb.wasm answers sequence 7 like good.wasm); every 10th swap goes to
+	// the Go built-in (not with -short: its instances are costly to start under -race).
+	other, _, err := h.Load("bomb-swap", readWasm(t, "bomb"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 60; i++ {
 		v := good
-		if i%2 == 1 {
+		switch {
+		case i%10 == 9 && !testing.Short():
 			v = h.BuiltinVersion()
+		case i%2 == 1:
+			v = other
 		}
 		if err := h.Activate("m", v, nil); err != nil {
 			t.Error(err)
