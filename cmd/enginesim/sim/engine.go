@@ -41,7 +41,8 @@ type Engine struct {
 	inStep    bool
 	stepStart time.Time
 	stepDur   time.Duration
-	peak      int
+	peak      int // most requests ever running at once
+	peakIn    int // most requests ever in the engine (running + waiting) at once
 	loopDone  chan struct{}
 	stop      chan struct{}
 }
@@ -278,6 +279,10 @@ func (e *Engine) submit(prompt []uint32, lora, salt string, maxTokens int, notif
 	}
 	r.arrivalV = e.now()
 	e.waiting = append(e.waiting, r)
+	if n := len(e.waiting) + len(e.running); n > e.peakIn {
+		e.peakIn = n
+		e.m.peakInFlight.Set(float64(n))
+	}
 	e.m.waiting.Set(float64(len(e.waiting)))
 	e.cond.Signal()
 	return r, nil
@@ -628,8 +633,9 @@ func (e *Engine) Faults() Faults { return e.faults.get() }
 
 // Stats is a snapshot of the engine's scheduler and cache.
 type Stats struct {
-	// Running and Waiting are the current batch and queue sizes; PeakRunning the largest batch so far.
-	Running, Waiting, PeakRunning int
+	// Running and Waiting are the current batch and queue sizes; PeakRunning the largest batch so far;
+	// PeakInFlight the most requests held at once (running + waiting: what a gateway sent concurrently).
+	Running, Waiting, PeakRunning, PeakInFlight int
 	// GPUCachedBlocks and CPUCachedBlocks are the blocks in each tier's prefix cache.
 	GPUCachedBlocks, CPUCachedBlocks int
 	// KVCacheUsage is vllm:kv_cache_usage_perc: the fraction of GPU blocks written by running requests,
@@ -644,6 +650,6 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	g, c := e.cache.cachedBlocks()
-	return Stats{Running: len(e.running), Waiting: len(e.waiting), PeakRunning: e.peak, GPUCachedBlocks: g,
+	return Stats{Running: len(e.running), Waiting: len(e.waiting), PeakRunning: e.peak, PeakInFlight: e.peakIn, GPUCachedBlocks: g,
 		CPUCachedBlocks: c, KVCacheUsage: e.usage(), ModelTime: e.vclock}
 }

@@ -299,6 +299,9 @@ func TestMaxNumSeqsCapsConcurrency(t *testing.T) {
 	if v := metric(t, e, `enginesim:peak_running_requests{model_name="m"}`); v != 2 {
 		t.Fatalf("peak running = %v, want 2", v)
 	}
+	if v := metric(t, e, `enginesim:peak_inflight_requests{model_name="m"}`); v < 3 || v > 8 {
+		t.Fatalf("peak in flight = %v, want 3..8 (more than the 2 running)", v)
+	}
 	if v := metric(t, e, `vllm:request_queue_time_seconds_sum{model_name="m"}`); v <= 0 {
 		t.Fatalf("no request waited (queue time sum %v)", v)
 	}

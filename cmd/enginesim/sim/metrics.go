@@ -11,7 +11,7 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	running, waiting, usage       prometheus.Gauge
-	peakRunning                   prometheus.Gauge
+	peakRunning, peakInFlight     prometheus.Gauge
 	prefixQueries, prefixHits     prometheus.Counter
 	externalQueries, externalHits prometheus.Counter
 	promptTokens, generationToks  prometheus.Counter
@@ -62,7 +62,8 @@ func newMetrics(modelName string) *metrics {
 	m.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
 	m.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
 	m.usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-	m.peakRunning = gauge("enginesim:peak_running_requests", "Highest number of requests ever running at once.")
+	m.peakRunning = gauge("enginesim:peak_running_requests", "Highest number of requests ever running at once (at most --max-num-seqs).")
+	m.peakInFlight = gauge("enginesim:peak_inflight_requests", "Highest number of requests ever held at once, running plus waiting (what clients sent concurrently).")
 	m.prefixQueries = counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.")
 	m.prefixHits = counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.")
 	m.externalQueries = counter("vllm:external_prefix_cache_queries_total", "External (CPU offload tier) prefix cache queries, in tokens.")
