@@ -22,7 +22,8 @@ type MemoryConfig struct {
 	// entries (CLOCK approximation, per shard) are evicted. 0 means DefaultMaxKeys. The bound is enforced
 	// per shard (MaxKeys/Shards each, rounded up), so eviction may start slightly below MaxKeys.
 	MaxKeys int
-	// Shards is the number of lock shards, rounded up to a power of two; 0 means 64.
+	// Shards is the number of lock shards, rounded up to a power of two; 0 means 8. Match read-locks all of
+	// them, writers one at a time.
 	Shards int
 	// Now is the clock for speculative TTLs; nil means time.Now. Tests inject a fake clock.
 	Now func() time.Time
@@ -39,18 +40,22 @@ const (
 // inlineHolders is how many endpoints one entry holds without spilling into the shard's overflow map.
 const inlineHolders = 4
 
-// memSlot is one block key's entry: 32 bytes, no pointers (the GC never scans the slot array).
-// A holder is packed as holderID<<8 | bits.
+// memSlot is one block key's entry in a shard's open-addressing table: 32 bytes, no pointers (the GC never
+// scans the table). A holder is packed as holderID<<8 | bits. n == 0 marks an empty slot.
 type memSlot struct {
-	key uint64 // internal key (block key XOR model mix)
+	key uint64 // internal key (block key XOR model mix); its low bits are the home position
 	h   [inlineHolders]uint32
-	n   uint32 // holder count; 0 means the slot is free
+	n   uint32 // holder count
 	ref uint32 // CLOCK reference bit, set atomically by readers
+}
+
+type specKey struct {
+	ik  uint64
+	hid uint16
 }
 
 type specItem struct {
 	ik      uint64
-	si      uint32
 	hid     uint16
 	expires int64
 }
@@ -60,19 +65,19 @@ type revList struct {
 	live int      // entries that currently hold the holder
 }
 
+// memShard is a linear-probing hash table of memSlots keyed by the (already well mixed) internal key.
 type memShard struct {
 	mu    sync.RWMutex
-	idx   map[uint64]uint32 // internal key -> slot index
-	slots []memSlot
-	free  []uint32
-	hand  int
+	table []memSlot // power-of-two length
+	mask  uint64
 	count int
 	limit int
-	over  map[uint32][]uint32 // holders beyond the inline ones, per slot
+	hand  int
+	over  map[uint64][]uint32 // holders beyond the inline ones, by internal key
 	rev   map[uint16]*revList
-	spec  map[uint64]int64 // slot<<16 | holderID -> expiry (Unix ns)
-	specQ []specItem       // FIFO of speculative writes, swept lazily under the write lock
-	_     [64]byte         // keep shards' hot fields on separate cache lines
+	spec  map[specKey]int64 // speculative expiry (Unix ns) per (internal key, holder)
+	specQ []specItem        // FIFO of speculative writes, swept lazily under the write lock
+	_     [64]byte          // keep shards' hot fields on separate cache lines
 }
 
 type memModel struct {
@@ -85,8 +90,10 @@ type holderName struct {
 	ep    EndpointID
 }
 
-// MemoryIndex is the in-memory Index: a sharded hash of block keys with inline holder lists, CLOCK
-// eviction, per-endpoint reverse lists and speculative entries with TTLs. Safe for concurrent use.
+// MemoryIndex is the in-memory Index: per shard an open-addressing table of block keys with inline holder
+// lists, CLOCK eviction, per-endpoint reverse lists and speculative entries with TTLs. Match read-locks
+// every shard once (in order) and then looks blocks up without further atomics, so the CPU overlaps the
+// cache misses of consecutive blocks; writers lock one shard at a time. Safe for concurrent use.
 type MemoryIndex struct {
 	shards []memShard
 	mask   uint64
@@ -106,7 +113,7 @@ func NewMemoryIndex(cfg MemoryConfig) *MemoryIndex {
 	}
 	n := cfg.Shards
 	if n <= 0 {
-		n = 64
+		n = 8
 	}
 	n = 1 << bits.Len(uint(n-1))
 	m := &MemoryIndex{
@@ -122,10 +129,11 @@ func NewMemoryIndex(cfg MemoryConfig) *MemoryIndex {
 	per := (cfg.MaxKeys + n - 1) / n
 	for i := range m.shards {
 		s := &m.shards[i]
-		s.idx = map[uint64]uint32{}
-		s.over = map[uint32][]uint32{}
+		s.table = make([]memSlot, 64)
+		s.mask = 63
+		s.over = map[uint64][]uint32{}
 		s.rev = map[uint16]*revList{}
-		s.spec = map[uint64]int64{}
+		s.spec = map[specKey]int64{}
 		s.limit = per
 	}
 	return m
@@ -217,7 +225,7 @@ func (m *MemoryIndex) Match(_ context.Context, model string, keys []BlockKey) ([
 	runs := stack[:0]
 	alive := 0
 	var now int64 // read lazily, only when a speculative holder is seen
-	held := func(s *memShard, si uint32, h uint32) (gpu, any bool) {
+	held := func(s *memShard, ik uint64, h uint32) (gpu, any bool) {
 		b := h & bitMask
 		if b&bitGPU != 0 {
 			return true, true
@@ -226,30 +234,41 @@ func (m *MemoryIndex) Match(_ context.Context, model string, keys []BlockKey) ([
 			if now == 0 {
 				now = m.now().UnixNano()
 			}
-			if s.spec[uint64(si)<<16|uint64(h>>8)] > now {
+			if s.spec[specKey{ik: ik, hid: uint16(h >> 8)}] > now {
 				return true, true
 			}
 		}
 		return false, b&bitCPU != 0
 	}
+	for i := range m.shards {
+		m.shards[i].mu.RLock()
+	}
+	// Touch the home slots of the next few blocks ahead of use: independent loads whose cache misses the
+	// CPU overlaps (a software prefetch; the result is kept only so the loads are not dropped).
+	var pf uint64
+	const ahead = 8
+	for i := range min(ahead, len(keys)) {
+		pf ^= m.touch(uint64(keys[i]) ^ mm.mix)
+	}
 	for i, k := range keys {
+		if i+ahead < len(keys) {
+			pf ^= m.touch(uint64(keys[i+ahead]) ^ mm.mix)
+		}
 		ik := uint64(k) ^ mm.mix
 		s := m.shardOf(ik)
-		s.mu.RLock()
-		si, ok := s.idx[ik]
-		if !ok {
-			s.mu.RUnlock()
+		p := s.find(ik)
+		if p < 0 {
 			break
 		}
-		sl := &s.slots[si]
+		sl := &s.table[p]
 		if atomic.LoadUint32(&sl.ref) == 0 {
 			atomic.StoreUint32(&sl.ref, 1)
 		}
 		n := int(sl.n)
 		if i == 0 {
 			for j := range n {
-				h := s.holderAt(si, j)
-				if g, a := held(s, si, h); a {
+				h := s.holderAt(sl, j)
+				if g, a := held(s, ik, h); a {
 					r := run{hid: uint16(h >> 8), alive: true}
 					if g {
 						r.gpu = 1
@@ -268,11 +287,11 @@ func (m *MemoryIndex) Match(_ context.Context, model string, keys []BlockKey) ([
 				}
 				found := false
 				for j := range n {
-					h := s.holderAt(si, j)
+					h := s.holderAt(sl, j)
 					if uint16(h>>8) != r.hid {
 						continue
 					}
-					if g, a := held(s, si, h); a {
+					if g, a := held(s, ik, h); a {
 						found = true
 						if g {
 							r.gpu++
@@ -288,10 +307,15 @@ func (m *MemoryIndex) Match(_ context.Context, model string, keys []BlockKey) ([
 				}
 			}
 		}
-		s.mu.RUnlock()
 		if alive == 0 {
 			break
 		}
+	}
+	for i := len(m.shards) - 1; i >= 0; i-- {
+		m.shards[i].mu.RUnlock()
+	}
+	if pf == 1 {
+		prefetchSink.Store(pf)
 	}
 	if len(runs) == 0 {
 		return nil, nil
@@ -359,11 +383,11 @@ func (m *MemoryIndex) Record(_ context.Context, model string, ep EndpointID, key
 		s := m.shardOf(ik)
 		s.mu.Lock()
 		s.sweep(now)
-		si := s.set(ik, hid, bitSpec)
-		sk := uint64(si)<<16 | uint64(hid)
+		s.set(ik, hid, bitSpec)
+		sk := specKey{ik: ik, hid: hid}
 		if s.spec[sk] < exp {
 			s.spec[sk] = exp
-			s.specQ = append(s.specQ, specItem{ik: ik, si: si, hid: hid, expires: exp})
+			s.specQ = append(s.specQ, specItem{ik: ik, hid: hid, expires: exp})
 		}
 		s.mu.Unlock()
 	}
@@ -386,8 +410,8 @@ func (m *MemoryIndex) Remove(_ context.Context, model string, ep EndpointID, tie
 		ik := uint64(k) ^ mix
 		s := m.shardOf(ik)
 		s.mu.Lock()
-		if si, ok := s.idx[ik]; ok {
-			s.clearBits(si, hid, uint32(tier))
+		if p := s.find(ik); p >= 0 {
+			s.clearBits(p, hid, uint32(tier))
 		}
 		s.mu.Unlock()
 	}
@@ -409,8 +433,8 @@ func (m *MemoryIndex) ClearEndpoint(_ context.Context, model string, ep Endpoint
 		s.mu.Lock()
 		if rl := s.rev[hid]; rl != nil {
 			for _, ik := range rl.keys {
-				if si, ok := s.idx[ik]; ok {
-					s.clearBits(si, hid, bitMask)
+				if p := s.find(ik); p >= 0 {
+					s.clearBits(p, hid, bitMask)
 				}
 			}
 			delete(s.rev, hid)
@@ -420,74 +444,94 @@ func (m *MemoryIndex) ClearEndpoint(_ context.Context, model string, ep Endpoint
 	return nil
 }
 
-// holderAt returns holder j of slot si (inline or overflow). Caller holds the lock.
-func (s *memShard) holderAt(si uint32, j int) uint32 {
-	if j < inlineHolders {
-		return s.slots[si].h[j]
-	}
-	return s.over[si][j-inlineHolders]
+var prefetchSink atomic.Uint64
+
+// touch loads ik's home slot in its shard (see Match). Caller holds the shard's lock.
+func (m *MemoryIndex) touch(ik uint64) uint64 {
+	s := m.shardOf(ik)
+	return s.table[ik&s.mask].key
 }
 
-func (s *memShard) setHolderAt(si uint32, j int, h uint32) {
+// find returns the table position of ik, or -1. Caller holds a lock.
+func (s *memShard) find(ik uint64) int {
+	for p := ik & s.mask; ; p = (p + 1) & s.mask {
+		sl := &s.table[p]
+		if sl.n == 0 {
+			return -1
+		}
+		if sl.key == ik {
+			return int(p)
+		}
+	}
+}
+
+// holderAt returns holder j of slot sl (inline or overflow). Caller holds a lock.
+func (s *memShard) holderAt(sl *memSlot, j int) uint32 {
 	if j < inlineHolders {
-		s.slots[si].h[j] = h
+		return sl.h[j]
+	}
+	return s.over[sl.key][j-inlineHolders]
+}
+
+func (s *memShard) setHolderAt(sl *memSlot, j int, h uint32) {
+	if j < inlineHolders {
+		sl.h[j] = h
 		return
 	}
-	s.over[si][j-inlineHolders] = h
+	s.over[sl.key][j-inlineHolders] = h
 }
 
-// set ORs bits into hid's holder of internal key ik, creating the entry and the holder as needed, and
-// returns the slot index. Caller holds the write lock.
-func (s *memShard) set(ik uint64, hid uint16, b uint32) uint32 {
-	si, ok := s.idx[ik]
-	if !ok {
-		si = s.alloc(ik)
+// set ORs bits into hid's holder of internal key ik, creating the entry and the holder as needed. Caller
+// holds the write lock.
+func (s *memShard) set(ik uint64, hid uint16, b uint32) {
+	p := s.find(ik)
+	if p < 0 {
+		p = s.insert(ik)
 	}
-	sl := &s.slots[si]
+	sl := &s.table[p]
 	n := int(sl.n)
 	for j := range n {
-		h := s.holderAt(si, j)
+		h := s.holderAt(sl, j)
 		if uint16(h>>8) == hid {
-			s.setHolderAt(si, j, h|b)
-			return si
+			s.setHolderAt(sl, j, h|b)
+			return
 		}
 	}
 	h := uint32(hid)<<8 | b
 	if n < inlineHolders {
 		sl.h[n] = h
 	} else {
-		s.over[si] = append(s.over[si], h)
+		s.over[ik] = append(s.over[ik], h)
 	}
 	sl.n++
 	s.revAdd(hid, ik)
-	return si
 }
 
-// clearBits clears bits b of hid's holder in slot si; a holder left with no bits is removed, and a slot
-// left with no holders is freed. Caller holds the write lock.
-func (s *memShard) clearBits(si uint32, hid uint16, b uint32) {
-	sl := &s.slots[si]
+// clearBits clears bits b of hid's holder in the slot at position p; a holder left with no bits is
+// removed, and a slot left with no holders is deleted. Caller holds the write lock.
+func (s *memShard) clearBits(p int, hid uint16, b uint32) {
+	sl := &s.table[p]
 	n := int(sl.n)
 	for j := range n {
-		h := s.holderAt(si, j)
+		h := s.holderAt(sl, j)
 		if uint16(h>>8) != hid {
 			continue
 		}
 		if h&b&bitSpec != 0 {
-			delete(s.spec, uint64(si)<<16|uint64(hid))
+			delete(s.spec, specKey{ik: sl.key, hid: hid})
 		}
 		h &^= b
 		if h&bitMask != 0 {
-			s.setHolderAt(si, j, h)
+			s.setHolderAt(sl, j, h)
 			return
 		}
 		// Remove: move the last holder into j.
-		s.setHolderAt(si, j, s.holderAt(si, n-1))
+		s.setHolderAt(sl, j, s.holderAt(sl, n-1))
 		if n > inlineHolders {
-			if o := s.over[si][:len(s.over[si])-1]; len(o) == 0 {
-				delete(s.over, si)
+			if o := s.over[sl.key][:n-1-inlineHolders]; len(o) == 0 {
+				delete(s.over, sl.key)
 			} else {
-				s.over[si] = o
+				s.over[sl.key] = o
 			}
 		}
 		sl.n--
@@ -495,48 +539,85 @@ func (s *memShard) clearBits(si uint32, hid uint16, b uint32) {
 			rl.live--
 		}
 		if sl.n == 0 {
-			s.freeSlot(si)
+			s.remove(p)
 		}
 		return
 	}
 }
 
-func (s *memShard) freeSlot(si uint32) {
-	sl := &s.slots[si]
-	delete(s.idx, sl.key)
-	*sl = memSlot{}
-	s.free = append(s.free, si)
-	s.count--
-}
-
-// alloc takes a slot for ik, evicting one entry first when the shard is at its limit.
-func (s *memShard) alloc(ik uint64) uint32 {
+// insert places a new, holder-less entry for ik (evicting one entry first when the shard is at its limit,
+// growing the table past 3/4 load) and returns its position. The caller must give it a holder.
+func (s *memShard) insert(ik uint64) int {
 	if s.count >= s.limit {
 		s.evictOne()
 	}
-	var si uint32
-	if n := len(s.free); n > 0 {
-		si = s.free[n-1]
-		s.free = s.free[:n-1]
-	} else {
-		s.slots = append(s.slots, memSlot{})
-		si = uint32(len(s.slots) - 1)
+	if (s.count+1)*4 > len(s.table)*3 {
+		s.grow()
 	}
-	s.slots[si] = memSlot{key: ik}
-	s.idx[ik] = si
+	p := ik & s.mask
+	for s.table[p].n != 0 {
+		p = (p + 1) & s.mask
+	}
+	s.table[p] = memSlot{key: ik}
 	s.count++
-	return si
+	return int(p)
+}
+
+func (s *memShard) grow() {
+	old := s.table
+	s.table = make([]memSlot, 2*len(old))
+	s.mask = uint64(len(s.table) - 1)
+	for i := range old {
+		if old[i].n == 0 {
+			continue
+		}
+		p := old[i].key & s.mask
+		for s.table[p].n != 0 {
+			p = (p + 1) & s.mask
+		}
+		s.table[p] = old[i]
+	}
+	s.hand = 0
+}
+
+// remove deletes the entry at position p by backward-shift deletion (no tombstones). Caller holds the
+// write lock and has already dropped the entry's holders, spec and overflow state.
+func (s *memShard) remove(p int) {
+	i := uint64(p)
+	for {
+		s.table[i] = memSlot{}
+		j := i
+		for {
+			j = (j + 1) & s.mask
+			if s.table[j].n == 0 {
+				s.count--
+				return
+			}
+			home := s.table[j].key & s.mask
+			// The entry at j may move to i unless its home lies cyclically in (i, j].
+			if i <= j {
+				if i < home && home <= j {
+					continue
+				}
+			} else if i < home || home <= j {
+				continue
+			}
+			break
+		}
+		s.table[i] = s.table[j]
+		i = j
+	}
 }
 
 // evictOne evicts the first entry the CLOCK hand finds with its reference bit clear.
 func (s *memShard) evictOne() {
 	for {
-		if s.hand >= len(s.slots) {
+		if s.hand >= len(s.table) {
 			s.hand = 0
 		}
-		si := uint32(s.hand)
+		p := s.hand
 		s.hand++
-		sl := &s.slots[si]
+		sl := &s.table[p]
 		if sl.n == 0 {
 			continue
 		}
@@ -545,17 +626,19 @@ func (s *memShard) evictOne() {
 			continue
 		}
 		for j := range int(sl.n) {
-			h := s.holderAt(si, j)
+			h := s.holderAt(sl, j)
 			hid := uint16(h >> 8)
 			if rl := s.rev[hid]; rl != nil {
 				rl.live--
 			}
 			if h&bitSpec != 0 {
-				delete(s.spec, uint64(si)<<16|uint64(hid))
+				delete(s.spec, specKey{ik: sl.key, hid: hid})
 			}
 		}
-		delete(s.over, si)
-		s.freeSlot(si)
+		delete(s.over, sl.key)
+		sl.n = 0
+		s.remove(p)
+		s.hand = p // the backward shift may have moved an unvisited entry into p
 		return
 	}
 }
@@ -580,12 +663,13 @@ func (s *memShard) compact(hid uint16, rl *revList) {
 	keys := slices.Compact(rl.keys)
 	out := keys[:0]
 	for _, ik := range keys {
-		si, ok := s.idx[ik]
-		if !ok {
+		p := s.find(ik)
+		if p < 0 {
 			continue
 		}
-		for j := range int(s.slots[si].n) {
-			if uint16(s.holderAt(si, j)>>8) == hid {
+		sl := &s.table[p]
+		for j := range int(sl.n) {
+			if uint16(s.holderAt(sl, j)>>8) == hid {
 				out = append(out, ik)
 				break
 			}
@@ -604,12 +688,13 @@ func (s *memShard) sweep(now int64) {
 	i := 0
 	for ; i < len(s.specQ) && s.specQ[i].expires <= now; i++ {
 		it := s.specQ[i]
-		sk := uint64(it.si)<<16 | uint64(it.hid)
-		exp, ok := s.spec[sk]
-		if !ok || exp > now || s.slots[it.si].key != it.ik || s.slots[it.si].n == 0 {
+		exp, ok := s.spec[specKey{ik: it.ik, hid: it.hid}]
+		if !ok || exp > now {
 			continue
 		}
-		s.clearBits(it.si, it.hid, bitSpec)
+		if p := s.find(it.ik); p >= 0 {
+			s.clearBits(p, it.hid, bitSpec)
+		}
 	}
 	if i > 0 {
 		s.specQ = s.specQ[i:]

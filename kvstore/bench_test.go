@@ -1,0 +1,376 @@
+package kvstore_test
+
+// Benchmarks on the issue's shape: an index of 1 M keys, 16 endpoints, each key held by 1-3 endpoints.
+// The fixture (1 M keys) is built only when a benchmark runs, never by `go test` alone.
+//
+//	go test -run '^$' -bench . -benchtime 2000x ./kvstore/
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/redistest"
+)
+
+const (
+	benchKeys      = 1 << 20
+	benchBlockSize = 16
+	benchPromptTok = 2048 // 128 blocks
+	benchEndpoints = 16
+)
+
+type benchFixture struct {
+	hasher  kvstore.Hasher
+	prompts [][]uint32           // 2048-token prompts, 128 blocks each
+	keys    [][]kvstore.BlockKey // their keys
+	holders [][]kvstore.EndpointID
+	long    []uint32 // one 128k-token prompt (8192 blocks)
+	longKey []kvstore.BlockKey
+}
+
+var (
+	fixtureOnce sync.Once
+	fixture     *benchFixture
+)
+
+func benchEP(i int) kvstore.EndpointID { return kvstore.EndpointID(fmt.Sprintf("10.0.0.%d:8000", i)) }
+
+// getFixture builds 8192 prompts of 128 blocks (1 M keys) with 1-3 random holders each, plus one 8192-block
+// prompt.
+func getFixture() *benchFixture {
+	fixtureOnce.Do(func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		f := &benchFixture{hasher: kvstore.Hasher{Seed: 7}}
+		n := benchKeys / (benchPromptTok / benchBlockSize)
+		for range n {
+			p := make([]uint32, benchPromptTok)
+			for i := range p {
+				p[i] = rng.Uint32N(151936)
+			}
+			f.prompts = append(f.prompts, p)
+			f.keys = append(f.keys, f.hasher.Keys(p, benchBlockSize, kvstore.ExtraKeys{}))
+			var hs []kvstore.EndpointID
+			for _, e := range rng.Perm(benchEndpoints)[:1+rng.IntN(3)] {
+				hs = append(hs, benchEP(e))
+			}
+			f.holders = append(f.holders, hs)
+		}
+		f.long = make([]uint32, 8192*benchBlockSize)
+		for i := range f.long {
+			f.long[i] = rng.Uint32N(151936)
+		}
+		f.longKey = f.hasher.Keys(f.long, benchBlockSize, kvstore.ExtraKeys{})
+		fixture = f
+	})
+	return fixture
+}
+
+func fill(b *testing.B, idx kvstore.Index, f *benchFixture) {
+	ctx := context.Background()
+	for i, ks := range f.keys {
+		for _, ep := range f.holders[i] {
+			if err := idx.Add(ctx, "bench-model", ep, kvstore.TierGPU, ks); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, ep := range f.holders[0] {
+		if err := idx.Add(ctx, "bench-model", ep, kvstore.TierGPU, f.longKey); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+var (
+	memIdxOnce sync.Once
+	memIdx     *kvstore.MemoryIndex
+)
+
+func memoryIndex(b *testing.B) (*kvstore.MemoryIndex, *benchFixture) {
+	f := getFixture()
+	memIdxOnce.Do(func() {
+		memIdx = kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: 2 * benchKeys})
+		fill(b, memIdx, f)
+	})
+	return memIdx, f
+}
+
+// p50 records per-op durations and reports their median.
+type p50 struct{ d []time.Duration }
+
+func (p *p50) add(d time.Duration) { p.d = append(p.d, d) }
+func (p *p50) report(b *testing.B) {
+	if len(p.d) == 0 {
+		return
+	}
+	slices.Sort(p.d)
+	b.ReportMetric(float64(p.d[len(p.d)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(p.d[len(p.d)*99/100].Nanoseconds())/1e3, "p99-µs")
+}
+
+// BenchmarkMemoryKeysAndMatch128 is the routing read path: keys for a 2k-token prompt plus a full-hit
+// match of its 128 blocks against the 1 M-key memory index.
+func BenchmarkMemoryKeysAndMatch128(b *testing.B) {
+	idx, f := memoryIndex(b)
+	ctx := context.Background()
+	dst := make([]kvstore.BlockKey, 0, 128)
+	var lat p50
+	i := 0
+	for b.Loop() {
+		p := f.prompts[i%len(f.prompts)]
+		t0 := time.Now()
+		dst = f.hasher.AppendKeys(dst[:0], p, benchBlockSize, kvstore.ExtraKeys{})
+		m, err := idx.Match(ctx, "bench-model", dst)
+		lat.add(time.Since(t0))
+		if err != nil || len(m) == 0 || m[0].GPUBlocks != 128 {
+			b.Fatalf("match %+v %v", m, err)
+		}
+		i += 7919
+	}
+	lat.report(b)
+}
+
+// BenchmarkMemoryMatch128 is the match alone (keys precomputed).
+func BenchmarkMemoryMatch128(b *testing.B) {
+	idx, f := memoryIndex(b)
+	ctx := context.Background()
+	var lat p50
+	i := 0
+	for b.Loop() {
+		ks := f.keys[i%len(f.keys)]
+		t0 := time.Now()
+		m, err := idx.Match(ctx, "bench-model", ks)
+		lat.add(time.Since(t0))
+		if err != nil || len(m) == 0 {
+			b.Fatal(err)
+		}
+		i += 7919
+	}
+	lat.report(b)
+}
+
+// BenchmarkMemoryKeysAndMatch8k is keys plus match for a 128k-token (8192-block) prompt.
+func BenchmarkMemoryKeysAndMatch8k(b *testing.B) {
+	idx, f := memoryIndex(b)
+	ctx := context.Background()
+	dst := make([]kvstore.BlockKey, 0, 8192)
+	var lat p50
+	for b.Loop() {
+		t0 := time.Now()
+		dst = f.hasher.AppendKeys(dst[:0], f.long, benchBlockSize, kvstore.ExtraKeys{})
+		m, err := idx.Match(ctx, "bench-model", dst)
+		lat.add(time.Since(t0))
+		if err != nil || len(m) == 0 || m[0].GPUBlocks != 8192 {
+			b.Fatalf("match %+v %v", m, err)
+		}
+	}
+	lat.report(b)
+}
+
+// BenchmarkMemoryAdd is ingestion into a fresh memory index: BlockStored events of 16 blocks each, the
+// same 1 M keys x 1-3 holders; reports blocks/s.
+func BenchmarkMemoryAdd(b *testing.B) {
+	f := getFixture()
+	ctx := context.Background()
+	var blocks int
+	var idx *kvstore.MemoryIndex
+	j := 0
+	b.ResetTimer()
+	for b.Loop() {
+		if j%(len(f.keys)*8) == 0 {
+			b.StopTimer()
+			idx = kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: 2 * benchKeys})
+			runtime.GC()
+			b.StartTimer()
+		}
+		p, part := (j/8)%len(f.keys), j%8
+		ks := f.keys[p][part*16 : part*16+16]
+		for _, ep := range f.holders[p] {
+			if err := idx.Add(ctx, "bench-model", ep, kvstore.TierGPU, ks); err != nil {
+				b.Fatal(err)
+			}
+			blocks += len(ks)
+		}
+		j++
+	}
+	b.ReportMetric(float64(blocks)/b.Elapsed().Seconds()/1e6, "M-blocks/s")
+}
+
+// BenchmarkMemoryBytesPerKey builds the 1 M-key index and reports live heap per key (after GC), including
+// holder lists and per-endpoint reverse lists.
+func BenchmarkMemoryBytesPerKey(b *testing.B) {
+	f := getFixture()
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: 2 * benchKeys})
+		fill(b, idx, f)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(idx.Len()), "B/key")
+		b.ReportMetric(float64(idx.Len()), "keys")
+		runtime.KeepAlive(idx)
+	}
+}
+
+// BenchmarkMemoryReserve is one Reserve plus Release on the memory reservations.
+func BenchmarkMemoryReserve(b *testing.B) {
+	r := kvstore.NewMemoryReservations(nil)
+	benchReserve(b, r)
+}
+
+func benchReserve(b *testing.B, r kvstore.Reservations) {
+	ctx := context.Background()
+	ranked := make([]kvstore.Candidate, benchEndpoints)
+	for i := range ranked {
+		ranked[i] = kvstore.Candidate{Endpoint: benchEP(i), Limits: kvstore.Limits{MaxRequests: 64, MaxTokens: 1 << 20}}
+	}
+	var lat, rel p50
+	for b.Loop() {
+		t0 := time.Now()
+		l, err := r.Reserve(ctx, ranked, kvstore.Cost{Requests: 1, Tokens: 2500}, 30*time.Second)
+		lat.add(time.Since(t0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := r.Release(ctx, l); err != nil {
+			b.Fatal(err)
+		}
+		rel.add(time.Since(t1))
+	}
+	lat.report(b)
+	if len(rel.d) > 0 {
+		slices.Sort(rel.d)
+		b.ReportMetric(float64(rel.d[len(rel.d)/2].Nanoseconds())/1e3, "release-p50-µs")
+	}
+}
+
+var (
+	redisOnce sync.Once
+	redisSrv  *redistest.Server
+	redisIdx  *kvstore.RedisIndex
+	redisFill time.Duration
+)
+
+// redisIndex starts one redis-server for all Redis benchmarks (it outlives the first benchmark's cleanup
+// only because it is registered on that benchmark; each benchmark run of this package is one process).
+func redisIndex(b *testing.B) (*kvstore.RedisIndex, *benchFixture) {
+	f := getFixture()
+	redisOnce.Do(func() {
+		redisSrv = redistest.Start(b)
+		c := redisSrv.Client(b)
+		var err error
+		redisIdx, err = kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		redisAddAll(b, redisIdx, f, 8)
+		redisFill = time.Since(t0)
+	})
+	if redisIdx == nil {
+		b.Skip("redis fixture unavailable")
+	}
+	return redisIdx, f
+}
+
+// redisAddAll ingests the fixture into Redis from `workers` goroutines (events of 16 blocks) and returns
+// the number of blocks written.
+func redisAddAll(b *testing.B, idx kvstore.Index, f *benchFixture, workers int) int {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	for w := range workers {
+		wg.Go(func() {
+			n := 0
+			for p := w; p < len(f.keys); p += workers {
+				for part := range 8 {
+					ks := f.keys[p][part*16 : part*16+16]
+					for _, ep := range f.holders[p] {
+						if err := idx.Add(ctx, "bench-model", ep, kvstore.TierGPU, ks); err != nil {
+							b.Error(err)
+							return
+						}
+						n += len(ks)
+					}
+				}
+			}
+			mu.Lock()
+			total += n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return total
+}
+
+// BenchmarkRedisMatch128 is one full-hit match of 128 blocks on the 1 M-key Redis index: one EVALSHA
+// round trip over loopback.
+func BenchmarkRedisMatch128(b *testing.B) {
+	idx, f := redisIndex(b)
+	ctx := context.Background()
+	var lat p50
+	i := 0
+	for b.Loop() {
+		ks := f.keys[i%len(f.keys)]
+		t0 := time.Now()
+		m, err := idx.Match(ctx, "bench-model", ks)
+		lat.add(time.Since(t0))
+		if err != nil || len(m) == 0 || m[0].GPUBlocks != 128 {
+			b.Fatalf("match %+v %v", m, err)
+		}
+		i += 7919
+	}
+	lat.report(b)
+}
+
+// BenchmarkRedisKeysAndMatch128 adds hashing the 2k-token prompt to BenchmarkRedisMatch128.
+func BenchmarkRedisKeysAndMatch128(b *testing.B) {
+	idx, f := redisIndex(b)
+	ctx := context.Background()
+	dst := make([]kvstore.BlockKey, 0, 128)
+	var lat p50
+	i := 0
+	for b.Loop() {
+		t0 := time.Now()
+		dst = f.hasher.AppendKeys(dst[:0], f.prompts[i%len(f.prompts)], benchBlockSize, kvstore.ExtraKeys{})
+		m, err := idx.Match(ctx, "bench-model", dst)
+		lat.add(time.Since(t0))
+		if err != nil || len(m) == 0 {
+			b.Fatal(err)
+		}
+		i += 7919
+	}
+	lat.report(b)
+}
+
+// BenchmarkRedisIngest reports the rate at which the 1 M-key fixture (about 2 M block holds) went into
+// Redis: 8 concurrent writers, one EVALSHA per 16-block event per holder.
+func BenchmarkRedisIngest(b *testing.B) {
+	f := getFixture()
+	for b.Loop() {
+		srv := redistest.Start(b)
+		idx, _ := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{Prefix: "ingest"})
+		t0 := time.Now()
+		n := redisAddAll(b, idx, f, 8)
+		b.ReportMetric(float64(n)/time.Since(t0).Seconds()/1e3, "k-blocks/s")
+		srv.Stop()
+	}
+}
+
+// BenchmarkRedisReserve is one Reserve plus Release on Redis (one EVALSHA each).
+func BenchmarkRedisReserve(b *testing.B) {
+	srv := redistest.Start(b)
+	r, _ := kvstore.NewRedisReservations(srv.Client(b), kvstore.RedisConfig{Prefix: "bench"})
+	benchReserve(b, r)
+}
