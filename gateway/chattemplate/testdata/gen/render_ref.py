@@ -4,7 +4,8 @@
 Run from gateway/chattemplate/testdata:  /usr/bin/python3 gen/render_ref.py [OUTDIR]
 (default OUTDIR: renders_py). Needs Debian's python3-jinja2, which loads only
 under /usr/bin/python3. It writes OUTDIR/<model>/<conversation>.txt and, from
-cases.json, cases_py.json (one expected output per case).
+cases.json, cases_py.json (one expected output per case), and from
+random_conversations.json (gen/random_convs.py), random_renders_py.json.
 
 cases.json pairs a request (what the Go side renders) with "vars": the
 template variables vLLM would hand the template for that request, written out
@@ -104,6 +105,33 @@ def render_cases(special):
         f.write("\n")
 
 
+def render_random(special):
+    """random_conversations.json (gen/random_convs.py) -> random_renders_py.json {model: {name: text}}."""
+    env = environment()
+    data = load("random_conversations.json")
+    out = {}
+    for fname in sorted(os.listdir("templates")):
+        if not fname.endswith(".jinja"):
+            continue
+        model = fname[: -len(".jinja")]
+        with open(os.path.join("templates", fname), encoding="utf-8") as f:
+            template = env.from_string(f.read())
+        out[model] = {}
+        for conv in data["conversations"]:
+            kwargs = dict(special.get(model, {}))
+            kwargs.update(conv.get("kwargs", {}))
+            try:
+                text = template.render(messages=conv["messages"],
+                                       tools=data["tools"] if conv.get("tools") else None,
+                                       add_generation_prompt=conv["add_generation_prompt"], **kwargs)
+            except Exception as exc:
+                text = "ERROR: %s: %s" % (type(exc).__name__, exc)
+            out[model][conv["name"]] = text
+    with open("random_renders_py.json", "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+
+
 def load(name):
     with open(name, encoding="utf-8") as f:
         return json.load(f)
@@ -137,7 +165,8 @@ def main():
             with open(path, "w", encoding="utf-8", newline="") as f:
                 f.write(text)
     render_cases(special)
-    print("wrote", out_root, "and cases_py.json")
+    render_random(special)
+    print("wrote", out_root, "cases_py.json and random_renders_py.json")
 
 
 if __name__ == "__main__":
