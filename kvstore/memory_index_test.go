@@ -82,3 +82,45 @@ func TestMemoryIndexSpeculativeFakeClock(t *testing.T) {
 		t.Fatalf("after sweep: %d keys, want 2", n)
 	}
 }
+
+// TestMemoryIndexTableChurn drives the open-addressing table through growth and many backward-shift
+// deletions, then checks every surviving key is found and every removed key is not.
+func TestMemoryIndexTableChurn(t *testing.T) {
+	ctx := context.Background()
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{Shards: 1})
+	toks := make([]uint32, 20000)
+	for i := range toks {
+		toks[i] = uint32(i * 31)
+	}
+	ks := kvstore.Hasher{Seed: 3}.Keys(toks, 1, kvstore.ExtraKeys{})
+	if err := idx.Add(ctx, "m", "a", kvstore.TierGPU, ks); err != nil {
+		t.Fatal(err)
+	}
+	var removed []kvstore.BlockKey
+	for i, k := range ks {
+		if i%3 != 0 {
+			removed = append(removed, k)
+		}
+	}
+	if err := idx.Remove(ctx, "m", "a", kvstore.TierGPU, removed); err != nil {
+		t.Fatal(err)
+	}
+	if n := idx.Len(); n != len(ks)-len(removed) {
+		t.Fatalf("len %d, want %d", n, len(ks)-len(removed))
+	}
+	for i, k := range ks {
+		got, err := idx.Match(ctx, "m", []kvstore.BlockKey{k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i%3 == 0; (len(got) == 1) != want {
+			t.Fatalf("key %d: match %+v, want present=%v", i, got, want)
+		}
+	}
+	if err := idx.ClearEndpoint(ctx, "m", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := idx.Len(); n != 0 {
+		t.Fatalf("after clear: %d keys", n)
+	}
+}
