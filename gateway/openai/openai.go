@@ -126,6 +126,9 @@ type Request struct {
 	PromptIDs []uint32
 	// PromptIsIDs says the completions prompt was token IDs.
 	PromptIsIDs bool
+	// SinglePrompt says the completions prompt is one prompt (not a batch list); only then may the gateway
+	// replace it with token IDs.
+	SinglePrompt bool
 	// HasPromptTokenIDs says a chat body already carries prompt_token_ids (the gateway then leaves it).
 	HasPromptTokenIDs bool
 }
@@ -140,44 +143,69 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 		return nil, BadRequest("", "Request body must be a JSON object.")
 	}
 	r := &Request{API: api, MaxTokens: -1}
-	m := root.Get("model")
-	if m.Type != gjson.String || m.Str == "" {
+	// One pass over the top-level members (a large body is scanned once, not once per field).
+	var model, stream, maxTokens, maxCompletion, salt, msgs, prompt gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "model":
+			model = v
+		case "stream":
+			stream = v
+		case "max_tokens":
+			maxTokens = v
+		case "max_completion_tokens":
+			maxCompletion = v
+		case "cache_salt":
+			salt = v
+		case "messages":
+			msgs = v
+		case "prompt":
+			prompt = v
+		case "prompt_token_ids":
+			r.HasPromptTokenIDs = true
+		}
+		return true
+	})
+	if model.Type != gjson.String || model.Str == "" {
 		return nil, BadRequest("model", "`model` must be a non-empty string.")
 	}
-	r.Model = m.Str
-	if s := root.Get("stream"); s.Exists() && s.Type != gjson.Null {
-		if s.Type != gjson.True && s.Type != gjson.False {
+	r.Model = model.Str
+	if stream.Exists() && stream.Type != gjson.Null {
+		if stream.Type != gjson.True && stream.Type != gjson.False {
 			return nil, BadRequest("stream", "`stream` must be a boolean.")
 		}
-		r.Stream = s.Bool()
+		r.Stream = stream.Bool()
 	}
-	for _, k := range []string{"max_tokens", "max_completion_tokens"} {
-		v := root.Get(k)
-		if !v.Exists() || v.Type == gjson.Null {
+	for _, f := range []struct {
+		k string
+		v gjson.Result
+	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
+		if !f.v.Exists() || f.v.Type == gjson.Null {
 			continue
 		}
-		n, err := strconv.ParseInt(v.Raw, 10, 64)
-		if v.Type != gjson.Number || err != nil || n < 0 {
-			return nil, BadRequest(k, "`%s` must be a non-negative integer.", k)
+		n, err := strconv.ParseInt(f.v.Raw, 10, 64)
+		if f.v.Type != gjson.Number || err != nil || n < 0 {
+			return nil, BadRequest(f.k, "`%s` must be a non-negative integer.", f.k)
 		}
 		r.MaxTokens = n
 	}
-	if s := root.Get("cache_salt"); s.Exists() && s.Type != gjson.Null {
-		if s.Type != gjson.String {
+	if salt.Exists() && salt.Type != gjson.Null {
+		if salt.Type != gjson.String {
 			return nil, BadRequest("cache_salt", "`cache_salt` must be a string.")
 		}
-		r.CacheSalt = s.Str
+		r.CacheSalt = salt.Str
 	}
 	switch api {
 	case Chat:
-		msgs := root.Get("messages")
-		if !msgs.IsArray() || len(msgs.Array()) == 0 {
+		nonEmpty := false
+		if msgs.IsArray() {
+			msgs.ForEach(func(_, _ gjson.Result) bool { nonEmpty = true; return false })
+		}
+		if !nonEmpty {
 			return nil, BadRequest("messages", "`messages` must be a non-empty array.")
 		}
-		r.HasPromptTokenIDs = root.Get("prompt_token_ids").Exists()
 	case Completions:
-		p := root.Get("prompt")
-		if err := r.readPrompt(p); err != nil {
+		if err := r.readPrompt(prompt); err != nil {
 			return nil, err
 		}
 	}
@@ -188,7 +216,7 @@ func (r *Request) readPrompt(p gjson.Result) error {
 	bad := BadRequest("prompt", "`prompt` must be a string, a list of strings, a list of token IDs or a list of token-ID lists.")
 	switch {
 	case p.Type == gjson.String:
-		r.PromptText = p.Str
+		r.PromptText, r.SinglePrompt = p.Str, true
 		return nil
 	case p.IsArray():
 		items := p.Array()
@@ -202,14 +230,14 @@ func (r *Request) readPrompt(p gjson.Result) error {
 					return bad
 				}
 			}
-			r.PromptText = items[0].Str
+			r.PromptText, r.SinglePrompt = items[0].Str, len(items) == 1
 			return nil
 		case items[0].Type == gjson.Number:
 			ids, ok := tokenIDs(items)
 			if !ok {
 				return bad
 			}
-			r.PromptIDs, r.PromptIsIDs = ids, true
+			r.PromptIDs, r.PromptIsIDs, r.SinglePrompt = ids, true, true
 			return nil
 		case items[0].IsArray():
 			for _, it := range items {

@@ -1,0 +1,96 @@
+package endpoints
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A vLLM 0.11-style exposition (label sets per model, HELP/TYPE lines, a histogram to skip).
+const vllmPage = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.4235
+vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:num_requests_waiting_total 99
+`
+
+func TestParseMetrics(t *testing.T) {
+	m := ParseMetrics([]byte(vllmPage))
+	if m.Waiting != 7 || m.Running != 3 || m.KVCacheUsage != 0.4235 || m.Found != 3 {
+		t.Fatalf("%+v", m)
+	}
+	sg := ParseMetrics([]byte("sglang:num_queue_reqs{model_name=\"m\",label=\"a}b\"} 2\nsglang:num_running_reqs{model_name=\"m\"} 5 1712345678000\nsglang:token_usage{model_name=\"m\"} 0.5\n"))
+	if sg.Waiting != 2 || sg.Running != 5 || sg.KVCacheUsage != 0.5 {
+		t.Fatalf("sglang %+v", sg)
+	}
+	// Two data-parallel ranks on one page sum; NaN and garbage are skipped.
+	dp := ParseMetrics([]byte("vllm:num_requests_waiting{engine=\"0\"} 1\nvllm:num_requests_waiting{engine=\"1\"} 2\nvllm:num_requests_running NaN\nvllm:num_requests_running{ 4\n"))
+	if dp.Waiting != 3 || dp.Running != 0 || dp.Found != 2 {
+		t.Fatalf("dp %+v", dp)
+	}
+}
+
+func FuzzParseMetrics(f *testing.F) {
+	f.Add([]byte(vllmPage))
+	f.Add([]byte("vllm:kv_cache_usage_perc{a=\"\\\"}\"} 1e400\n"))
+	f.Fuzz(func(t *testing.T, page []byte) {
+		m := ParseMetrics(page)
+		if m.Waiting < 0 || m.Running < 0 || m.KVCacheUsage < 0 || m.KVCacheUsage > 1 {
+			t.Fatalf("%+v", m)
+		}
+	})
+}
+
+func TestProbe(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			if !healthy.Load() {
+				w.WriteHeader(503)
+			}
+		case "/metrics":
+			fmt.Fprint(w, vllmPage)
+		}
+	}))
+	defer srv.Close()
+	s := NewSet([]Endpoint{{ID: "a", URL: srv.URL}, {ID: "b", URL: "http://127.0.0.1:1"}}, srv.Client(), 20*time.Millisecond, nil)
+	s.ProbeAll(context.Background())
+	if l := s.Load("a"); !l.Healthy || l.Waiting != 7 || l.Scraped.IsZero() {
+		t.Fatalf("a %+v", l)
+	}
+	if l := s.Load("b"); l.Healthy || l.Err == "" {
+		t.Fatalf("b %+v", l)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	healthy.Store(false)
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Load("a").Healthy && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s.Load("a").Healthy {
+		t.Fatal("never saw a go unhealthy")
+	}
+	healthy.Store(true)
+	s.MarkDown("a", "connect refused")
+	for !s.Load("a").Healthy && time.Now().Before(deadline.Add(time.Second)) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if !s.Load("a").Healthy {
+		t.Fatal("a did not recover")
+	}
+}

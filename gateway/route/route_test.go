@@ -1,0 +1,211 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/gateway/endpoints"
+	"github.com/kvgate/kvgate/gateway/metrics"
+	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+func TestLocalReservationsShareAndExpiry(t *testing.T) {
+	l := NewLocalReservations(0.34)
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	ctx := context.Background()
+	cand := []kvstore.Candidate{{Endpoint: "a", Limits: kvstore.Limits{MaxRequests: 10, MaxTokens: 1000}},
+		{Endpoint: "b", Limits: kvstore.Limits{MaxRequests: 1}}}
+	var leases []kvstore.Lease
+	for range 3 { // 0.34 × 10 = 3 requests on a
+		ls, err := l.Reserve(ctx, cand, kvstore.Cost{Requests: 1, Tokens: 10}, time.Second)
+		if err != nil || ls.Endpoint != "a" {
+			t.Fatalf("%+v %v", ls, err)
+		}
+		leases = append(leases, ls)
+	}
+	// a is at its share; b's share of 1 rounds up to 1.
+	if ls, err := l.Reserve(ctx, cand, kvstore.Cost{Requests: 1}, time.Second); err != nil || ls.Endpoint != "b" {
+		t.Fatalf("%+v %v", ls, err)
+	}
+	if _, err := l.Reserve(ctx, cand, kvstore.Cost{Requests: 1}, time.Second); !errors.Is(err, kvstore.ErrNoCapacity) {
+		t.Fatalf("want ErrNoCapacity, got %v", err)
+	}
+	// Token share: 340 tokens on a.
+	l.Release(ctx, leases[0])
+	if _, err := l.Reserve(ctx, cand[:1], kvstore.Cost{Requests: 1, Tokens: 330}, time.Second); !errors.Is(err, kvstore.ErrNoCapacity) {
+		t.Fatalf("20+330 tokens > 340 accepted: %v", err)
+	}
+	inf, _ := l.InFlight(ctx, []kvstore.EndpointID{"a", "b"})
+	if inf["a"] != (kvstore.Cost{Requests: 2, Tokens: 20}) || inf["b"].Requests != 1 {
+		t.Fatalf("%v", inf)
+	}
+	// Renew keeps a lease; the others expire.
+	now = now.Add(600 * time.Millisecond)
+	if _, err := l.Renew(ctx, leases[1], time.Second); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(600 * time.Millisecond)
+	inf, _ = l.InFlight(ctx, []kvstore.EndpointID{"a", "b"})
+	if inf["a"].Requests != 1 || inf["b"].Requests != 0 {
+		t.Fatalf("after expiry %v", inf)
+	}
+	if _, err := l.Renew(ctx, leases[2], time.Second); !errors.Is(err, ErrLeaseGone) {
+		t.Fatalf("renew of an expired lease: %v", err)
+	}
+	l.Release(ctx, leases[2]) // idempotent
+}
+
+func TestShortVersion(t *testing.T) {
+	v := "three-tier@" + strings.Repeat("ab", 32)
+	if got := ShortVersion(v); got != "three-tier@abababababab" {
+		t.Fatal(got)
+	}
+	if got := ShortVersion("x@12"); got != "x@12" {
+		t.Fatal(got)
+	}
+}
+
+// failingIndex is an Index whose store is down.
+type failingIndex struct{ kvstore.Index }
+
+func (failingIndex) Match(context.Context, string, []kvstore.BlockKey) ([]kvstore.EndpointMatch, error) {
+	return nil, errors.New("dial tcp: connection refused")
+}
+
+type downStore struct{ up bool }
+
+func (d *downStore) Ping(context.Context) error {
+	if d.up {
+		return nil
+	}
+	return errors.New("down")
+}
+
+func fakeEngines(t testing.TB, n int) []Endpoint {
+	var eps []Endpoint
+	for i := range n {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/metrics" {
+				fmt.Fprintf(w, "vllm:num_requests_waiting %d\n", i)
+			}
+		}))
+		t.Cleanup(srv.Close)
+		eps = append(eps, Endpoint{ID: fmt.Sprint("e", i), Engine: "vllm", URL: srv.URL,
+			Limits: kvstore.Limits{MaxRequests: 4, MaxTokens: 1 << 20}})
+	}
+	return eps
+}
+
+func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Reservations, p Pinger) (*Router, *Model) {
+	m, err := model.Load("../../examples/models/qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []endpoints.Endpoint
+	for _, e := range eps {
+		all = append(all, endpoints.Endpoint{ID: e.ID, URL: e.URL, Engine: e.Engine, Model: "qwen3"})
+	}
+	set := endpoints.NewSet(all, http.DefaultClient, time.Hour, nil)
+	set.ProbeAll(context.Background())
+	r := New(Options{Index: idx, Reservations: res, Pinger: p, StoreDownLimitShare: 0.5, SpeculativeTTL: 2 * time.Second,
+		LeaseTTL: 10 * time.Second, DefaultOutputTokens: 16, Endpoints: set, Metrics: metrics.New(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), StoreProbeInterval: 20 * time.Millisecond})
+	t.Cleanup(r.Close)
+	return r, &Model{Name: "qwen3", BlockSize: 16, QueueTimeout: 50 * time.Millisecond, Encoder: m, Endpoints: eps}
+}
+
+// When the store fails, the router routes on load alone with local reservations at the configured share,
+// reports itself down, and resumes when the store answers again.
+func TestStoreDownFallback(t *testing.T) {
+	eps := fakeEngines(t, 2)
+	ds := &downStore{}
+	r, m := newRouter(t, eps, failingIndex{kvstore.NewMemoryIndex(kvstore.MemoryConfig{})}, kvstore.NewMemoryReservations(nil), ds)
+	body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"hello there, this prompt is long enough to fill at least two blocks of sixteen tokens each for sure"}]}`)
+	req, _ := openai.ParseRequest(openai.Chat, body)
+	p, err := r.Plan(context.Background(), m, "", req, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.LoadOnly || p.Info.Fallback != "store_down" || !r.StoreStatus().Down {
+		t.Fatalf("plan %+v status %+v", p.Info, r.StoreStatus())
+	}
+	if p.Candidates[p.Ranking[0]].ID != "e0" { // least loaded (waiting 0 vs 1)
+		t.Fatalf("ranking %v", p.Ranking)
+	}
+	// Local share: 0.5 × 4 = 2 per endpoint, 4 in all, then 429.
+	var claims []*Claim
+	for range 4 {
+		c, err := r.Reserve(context.Background(), p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims = append(claims, c)
+	}
+	_, err = r.Reserve(context.Background(), p, nil)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.Status != 429 {
+		t.Fatalf("fifth reservation: %v", err)
+	}
+	for _, c := range claims {
+		r.Release(c)
+	}
+	if r.StoreStatus().LocalInFlight != 0 {
+		t.Fatal("local leases not released")
+	}
+	ds.up = true
+	deadline := time.Now().Add(2 * time.Second)
+	for r.StoreStatus().Down && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r.StoreStatus().Down {
+		t.Fatal("store never came back")
+	}
+}
+
+// BenchmarkPlanReserve measures the gateway's routing work per request on a warm prefix: a chat request of
+// a 1.8k-token conversation prefix seen before plus ~200 new tokens, memory store, 4 endpoints.
+func BenchmarkPlanReserve(b *testing.B) {
+	eps := fakeEngines(b, 4)
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	r, m := newRouter(b, eps, idx, kvstore.NewMemoryReservations(nil), nil)
+	var sys strings.Builder
+	for i := 0; sys.Len() < 7000; i++ {
+		fmt.Fprintf(&sys, "Policy %d: be precise, cite section %d, and keep answers short. ", i, i*3)
+	}
+	prefix := fmt.Sprintf(`{"model":"qwen3","max_tokens":1,"messages":[{"role":"system","content":%q},`, sys.String())
+	q := strings.Repeat("Tell me about the refund rules for damaged items please. ", 18)
+	body := []byte(prefix + fmt.Sprintf(`{"role":"user","content":%q}]}`, q))
+	req, _ := openai.ParseRequest(openai.Chat, body)
+	ctx := context.Background()
+	p, err := r.Plan(ctx, m, "", req, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	idx.Add(ctx, "qwen3", "e2", kvstore.TierGPU, p.Keys[:len(p.Keys)*9/10])
+	b.ReportMetric(float64(len(p.IDs)), "prompt_tokens")
+	b.ResetTimer()
+	for b.Loop() {
+		req, _ := openai.ParseRequest(openai.Chat, body)
+		p, err := r.Plan(ctx, m, "", req, body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := r.Reserve(ctx, p, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Record(ctx, p, c)
+		r.Release(c)
+	}
+}
