@@ -14,31 +14,6 @@ import (
 	"github.com/kvgate/kvgate/tests/harness"
 )
 
-// oracleCached is what one infinite prefix cache would have served for prompts in the given order: for
-// each prompt, its longest common prefix with any earlier prompt, cut to whole blocks.
-func oracleCached(prompts [][]uint32, blockSize int) int64 {
-	var total int64
-	for i, p := range prompts {
-		best := 0
-		for _, q := range prompts[:i] {
-			n := 0
-			for n < len(p) && n < len(q) && p[n] == q[n] {
-				n++
-			}
-			best = max(best, n)
-		}
-		total += int64(best / blockSize * blockSize)
-	}
-	return total
-}
-
-func TestOracleCached(t *testing.T) {
-	p := [][]uint32{{1, 2, 3, 4, 5}, {1, 2, 3, 9, 9}, {1, 2, 3, 4, 7}, {8}}
-	if got := oracleCached(p, 2); got != 2+4 {
-		t.Fatalf("oracle %d, want 6", got)
-	}
-}
-
 // 50 users share one system prompt and send at once: the engines report cached prompt tokens totalling at
 // least 80% of what one infinite cache would have served, and the in-flight load stays even: the
 // simulators' peak running requests, max over mean, at most 1.5.
@@ -78,7 +53,7 @@ func TestSharedSystemPromptBurst(t *testing.T) {
 	if ex.PromptTokens != len(prompts[0]) {
 		t.Fatalf("gateway counts %d prompt tokens, engine tokenizes %d", ex.PromptTokens, len(prompts[0]))
 	}
-	oracle := oracleCached(prompts, ex.BlockSize)
+	oracle := harness.OracleCachedTokens(prompts, ex.BlockSize)
 
 	results := make([]result, users)
 	errs := make([]error, users)

@@ -167,3 +167,22 @@ func ScrapeMetrics(ctx context.Context, url string) (Samples, error) {
 	}
 	return ParseMetrics(resp.Body)
 }
+
+// OracleCachedTokens is what one infinite prefix cache would serve for prompts (token IDs) arriving in the
+// given order: for each prompt, its longest common prefix with any earlier prompt, cut to whole blocks of
+// blockSize tokens. No router can do better on the same order; it is the ceiling of routing quality.
+func OracleCachedTokens(prompts [][]uint32, blockSize int) int64 {
+	var total int64
+	for i, p := range prompts {
+		best := 0
+		for _, q := range prompts[:i] {
+			n := 0
+			for n < len(p) && n < len(q) && p[n] == q[n] {
+				n++
+			}
+			best = max(best, n)
+		}
+		total += int64(best / blockSize * blockSize)
+	}
+	return total
+}

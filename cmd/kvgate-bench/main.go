@@ -1,0 +1,265 @@
+// Command kvgate-bench is kvgate's workload generator and report. It starts real processes (enginesim,
+// `kvgate serve`, redis-server) through tests/harness, writes their gateway configs with gateway/config's
+// own types (optionally starting from the user's --config file), and measures:
+//
+//   - overhead: the latency and CPU the gateway adds per request against calling the simulator directly, in
+//     the same run (direct and gateway requests interleaved): a chat request of a 1.8k-token prefix seen
+//     before plus 200 new tokens, and a fully new 2k-token prompt, both with 1 output token; memory and
+//     Redis stores. CPU per request is the gateway process's utime+stime (/proc/<pid>/stat) over a block
+//     of back-to-back requests, less its idle background over the same wall time.
+//   - quality: the prefix-cache hit rate of each policy (the built-in three-tier and example policies
+//     uploaded through the admin API) on a shared-prefix workload, beside the oracle hit rate (one infinite
+//     cache), and the request spread over endpoints.
+//
+// Usage (from the repository root):
+//
+//	go run ./cmd/kvgate-bench [--mode overhead|quality|all] [--requests N] [--stores memory,redis]
+//
+// Without --kvgate/--enginesim it builds both binaries with `go build` into a temporary directory.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/tests/harness"
+)
+
+// options are the command-line flags.
+type options struct {
+	mode      string
+	kvgate    string
+	enginesim string
+	configIn  string
+	modelDir  string
+	requests  int
+	stores    []string
+	policies  []string
+	keep      bool
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "kvgate-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("kvgate-bench", flag.ContinueOnError)
+	fs.StringVar(&o.mode, "mode", "all", "what to measure: overhead, quality or all")
+	fs.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: go build ./cmd/kvgate)")
+	fs.StringVar(&o.enginesim, "enginesim", "", "enginesim binary (default: go build ./cmd/enginesim)")
+	fs.StringVar(&o.configIn, "config", "", "gateway config to start from (its first model's tokenizer, block size, policy config and timings; endpoints, listen and store are replaced)")
+	fs.StringVar(&o.modelDir, "model", "", "model directory (default: the config's tokenizer, else examples/models/qwen3)")
+	fs.IntVar(&o.requests, "requests", 300, "measured requests per path and scenario (overhead) or per policy (quality)")
+	stores := fs.String("stores", "memory,redis", "stores to measure overhead with (memory, redis)")
+	policies := fs.String("policies", "three-tier,round-robin,least-loaded,power-of-two-choices,sglang-cache-aware,llmd-weighted",
+		"quality: policies to compare: three-tier (built in) and examples/policies/<name> directories")
+	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, process logs)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch o.mode {
+	case "overhead", "quality", "all":
+	default:
+		return o, fmt.Errorf("--mode %q: want overhead, quality or all", o.mode)
+	}
+	if o.requests < 20 {
+		return o, fmt.Errorf("--requests %d: want at least 20", o.requests)
+	}
+	for s := range strings.SplitSeq(*stores, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case config.StoreMemory, config.StoreRedis:
+			o.stores = append(o.stores, s)
+		case "":
+		default:
+			return o, fmt.Errorf("--stores: unknown store %q", s)
+		}
+	}
+	for p := range strings.SplitSeq(*policies, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			o.policies = append(o.policies, p)
+		}
+	}
+	return o, nil
+}
+
+// bench holds what every measurement shares: binaries, work directory, base config, started processes.
+type bench struct {
+	o    options
+	root string
+	dir  string
+	bins harness.Binaries
+	base config.Model // the model template (tokenizer, block size, policy, timings); endpoints replaced
+	cfg  config.Config
+	out  io.Writer
+
+	mu    sync.Mutex
+	procs []*harness.Proc
+}
+
+func run(args []string, out io.Writer) error {
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b := &bench{o: o, out: out}
+	if b.root, err = harness.RepoRoot(); err != nil {
+		return err
+	}
+	if b.dir, err = os.MkdirTemp("", "kvgate-bench-"); err != nil {
+		return err
+	}
+	defer func() {
+		b.stopAll()
+		if o.keep {
+			fmt.Fprintln(out, "work directory kept:", b.dir)
+		} else {
+			os.RemoveAll(b.dir)
+		}
+	}()
+	if err := b.loadConfig(); err != nil {
+		return err
+	}
+	if err := b.binaries(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "kvgate-bench: model %s, block size %d, %d CPUs, %s\n", b.base.Tokenizer, b.base.BlockSize,
+		numCPU(), time.Now().UTC().Format(time.RFC3339))
+	if o.mode == "overhead" || o.mode == "all" {
+		if err := b.overhead(ctx); err != nil {
+			return err
+		}
+	}
+	if o.mode == "quality" || o.mode == "all" {
+		if err := b.quality(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadConfig builds the config template: the user's file (parsed strictly by gateway/config) or defaults.
+func (b *bench) loadConfig() error {
+	if b.o.configIn != "" {
+		c, err := config.Load(b.o.configIn)
+		if err != nil {
+			return err
+		}
+		b.cfg = *c
+		b.base = c.Models[0]
+	} else {
+		b.cfg = config.Config{LogLevel: "warn", ScrapeInterval: 250 * time.Millisecond}
+		b.base = config.Model{Name: harness.DefaultModel, BlockSize: config.DefaultBlockSize,
+			Policy: config.Policy{Name: config.DefaultPolicyName}}
+	}
+	b.cfg.Simulate = nil
+	switch {
+	case b.o.modelDir != "":
+		b.base.Tokenizer = b.o.modelDir
+	case b.o.configIn == "":
+		b.base.Tokenizer = filepath.Join(b.root, "examples", "models", "qwen3")
+	}
+	if abs, err := filepath.Abs(b.base.Tokenizer); err == nil {
+		b.base.Tokenizer = abs
+	}
+	b.base.Endpoints = nil
+	b.base.LoRAAdapters = nil
+	return nil
+}
+
+func (b *bench) binaries(ctx context.Context) error {
+	if b.o.kvgate != "" && b.o.enginesim != "" {
+		b.bins = harness.Binaries{KVGate: b.o.kvgate, EngineSim: b.o.enginesim}
+		return nil
+	}
+	fmt.Fprintln(b.out, "building kvgate and enginesim ...")
+	bins, err := harness.Build(ctx, b.root, filepath.Join(b.dir, "bin"))
+	if err != nil {
+		return err
+	}
+	b.bins = bins
+	if b.o.kvgate != "" {
+		b.bins.KVGate = b.o.kvgate
+	}
+	if b.o.enginesim != "" {
+		b.bins.EngineSim = b.o.enginesim
+	}
+	return nil
+}
+
+func (b *bench) track(p *harness.Proc) {
+	b.mu.Lock()
+	b.procs = append(b.procs, p)
+	b.mu.Unlock()
+}
+
+// stopAll stops every started process, newest first.
+func (b *bench) stopAll() {
+	b.mu.Lock()
+	procs := b.procs
+	b.procs = nil
+	b.mu.Unlock()
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].Stop(3 * time.Second)
+	}
+}
+
+// engines starts n simulators serving the model, named prefix0.., with extra flags.
+func (b *bench) engines(ctx context.Context, prefix string, n int, o harness.EngineOptions) ([]*harness.Engine, error) {
+	out := make([]*harness.Engine, n)
+	for i := range n {
+		oi := o
+		oi.Bin, oi.ID, oi.LogDir, oi.Model, oi.ServedModelName = b.bins.EngineSim, fmt.Sprintf("%s%d", prefix, i), b.dir,
+			b.base.Tokenizer, b.base.Name
+		oi.Args = append(append([]string(nil), o.Args...), "--block-size", fmt.Sprint(b.base.BlockSize))
+		e, err := harness.StartEngine(ctx, oi)
+		if err != nil {
+			return nil, err
+		}
+		b.track(e.Proc)
+		out[i] = e
+	}
+	return out, nil
+}
+
+// gateway starts a kvgate over engines with the given store (Redis address for "redis").
+func (b *bench) gateway(ctx context.Context, name string, engines []*harness.Engine, storeKind, redisAddr string) (*harness.Gateway, error) {
+	c := b.cfg
+	m := b.base
+	for _, e := range engines {
+		m.Endpoints = append(m.Endpoints, harness.EndpointConfig(e, 0, 0))
+	}
+	c.Models = []config.Model{m}
+	c.Store = config.Store{Kind: storeKind}
+	if storeKind == config.StoreRedis {
+		c.Store.Addrs = []string{redisAddr}
+	}
+	g, err := harness.StartGateway(ctx, harness.GatewayOptions{Bin: b.bins.KVGate, Name: name, Dir: b.dir, Config: c,
+		ReadyTimeout: 90 * time.Second})
+	if g != nil {
+		b.track(g.Proc)
+	}
+	return g, err
+}
