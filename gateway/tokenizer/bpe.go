@@ -159,22 +159,49 @@ func (b *bpe) encodeWord(dst []uint32, w string, byteLevel bool) []uint32 {
 const smallWord = 48
 
 // mergeSmall applies merges in place by repeatedly merging the lowest-ranked adjacent pair (the leftmost
-// one on ties), which is the order HF's heap produces. It returns the new length.
+// one on ties), which is the order HF's heap produces. Pair ranks are looked up once and refreshed only
+// next to each merge. It returns the new length.
 func (b *bpe) mergeSmall(s []uint32) int {
+	const none = ^uint64(0)
 	n := len(s)
+	var rk [smallWord]uint64 // rk[i]: rank<<32|id of the pair (s[i], s[i+1]), none if it does not merge
+	for i := 0; i+1 < n; i++ {
+		if v, ok := b.merges.get(s[i], s[i+1]); ok {
+			rk[i] = v
+		} else {
+			rk[i] = none
+		}
+	}
 	for n > 1 {
-		best, bestPos := uint64(1<<64-1), -1
+		best, pos := none, -1
 		for i := 0; i+1 < n; i++ {
-			if v, ok := b.merges.get(s[i], s[i+1]); ok && v < best {
-				best, bestPos = v, i
+			if rk[i] < best {
+				best, pos = rk[i], i
 			}
 		}
-		if bestPos < 0 {
+		if pos < 0 {
 			break
 		}
-		s[bestPos] = uint32(best)
-		copy(s[bestPos+1:], s[bestPos+2:n])
+		s[pos] = uint32(best)
+		copy(s[pos+1:n-1], s[pos+2:n])
+		if pos+2 < n-1 {
+			copy(rk[pos+1:n-2], rk[pos+2:n-1])
+		}
 		n--
+		if pos > 0 {
+			if v, ok := b.merges.get(s[pos-1], s[pos]); ok {
+				rk[pos-1] = v
+			} else {
+				rk[pos-1] = none
+			}
+		}
+		if pos+1 < n {
+			if v, ok := b.merges.get(s[pos], s[pos+1]); ok {
+				rk[pos] = v
+			} else {
+				rk[pos] = none
+			}
+		}
 	}
 	return n
 }
