@@ -58,6 +58,11 @@ type Options struct {
 	// MaxConsecutiveMisses: this many missed deadlines in a row (interrupted or not) disable a version.
 	// Default 3. A single miss (e.g. a starved goroutine) only costs that request the fallback.
 	MaxConsecutiveMisses int
+	// InterpretUploaded runs uploaded modules in wazero's interpreter instead of the compiler: 10–50×
+	// slower, but the interpreter is Go code, so a call the deadline cannot stop (a loop-free call tree)
+	// does not block garbage collection for the whole process (see RATIONALE.md). The built-in is
+	// always compiled.
+	InterpretUploaded bool
 	// StderrLimitBytes is how much guest stdout+stderr is kept per instance. Default 4096.
 	StderrLimitBytes int
 	// LogBurstInterval: fallbacks are logged once, then at most once per interval with a count of those
@@ -206,7 +211,11 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 	}
 	base := wazero.NewRuntimeConfigCompiler().WithCompilationCache(h.cache).WithMemoryLimitPages(opts.MemoryLimitPages)
 	h.trusted = wazero.NewRuntimeWithConfig(ctx, base)
-	h.untrusted = wazero.NewRuntimeWithConfig(ctx, base.WithCloseOnContextDone(true))
+	upl := base
+	if opts.InterpretUploaded {
+		upl = wazero.NewRuntimeConfigInterpreter().WithCompilationCache(h.cache).WithMemoryLimitPages(opts.MemoryLimitPages)
+	}
+	h.untrusted = wazero.NewRuntimeWithConfig(ctx, upl.WithCloseOnContextDone(true))
 	for _, rt := range []wazero.Runtime{h.trusted, h.untrusted} {
 		if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
 			h.closeRuntimes()

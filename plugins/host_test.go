@@ -436,3 +436,46 @@ func TestSwapUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d calls over %d swaps", calls.Load(), swaps)
 }
+
+// TestCallTreeInterpreterKeepsGCRunning: with InterpretUploaded the stuck call runs in Go code, which the
+// runtime can preempt, so the request gets its fallback at the deadline even with the GC on and the
+// test allocating (under the compiler a GC cycle would wait for the whole call tree).
+func TestCallTreeInterpreterKeepsGCRunning(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a call tree for seconds in the interpreter")
+	}
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond, InterpretUploaded: true,
+		StuckAfter: 20 * time.Millisecond, MaxAbandoned: 1})
+	good, _ := activateBomb(t, h, "m", "bomb-interp")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // garbage, so GC cycles start while the call tree runs
+		var keep [][]byte
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			keep = append(keep, make([]byte, 1<<16))
+			if len(keep) > 64 {
+				keep = keep[:0]
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	start := time.Now()
+	_, info := h.Rank(context.Background(), "m", bombSnapshot(1002))
+	if took := time.Since(start); info.Reason != ReasonTimeout || took > 100*time.Millisecond {
+		t.Fatalf("%+v after %s", info, took)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if v, _ := h.Active("m"); v != good {
+		t.Fatalf("active %s, want %s", v, good)
+	}
+	// The interpreted call tree (2^28 calls) would run for minutes: it stays abandoned (capped at 1)
+	// and is not waited for; Close releases the runtime.
+	if st := h.Stats(); st.AbandonedRunning != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
