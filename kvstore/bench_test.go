@@ -254,33 +254,18 @@ func benchReserve(b *testing.B, r kvstore.Reservations) {
 	}
 }
 
-var (
-	redisOnce sync.Once
-	redisSrv  *redistest.Server
-	redisIdx  *kvstore.RedisIndex
-	redisFill time.Duration
-)
-
-// redisIndex starts one redis-server for all Redis benchmarks (it outlives the first benchmark's cleanup
-// only because it is registered on that benchmark; each benchmark run of this package is one process).
+// redisIndex starts a redis-server for one benchmark and fills it with the 1 M-key fixture (8
+// concurrent writers); the server is killed when the benchmark ends.
 func redisIndex(b *testing.B) (*kvstore.RedisIndex, *benchFixture) {
 	f := getFixture()
-	redisOnce.Do(func() {
-		redisSrv = redistest.Start(b)
-		c := redisSrv.Client(b)
-		var err error
-		redisIdx, err = kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: "bench"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		redisAddAll(b, redisIdx, f, 8)
-		redisFill = time.Since(t0)
-	})
-	if redisIdx == nil {
-		b.Skip("redis fixture unavailable")
+	srv := redistest.Start(b)
+	idx, err := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{Prefix: "bench"})
+	if err != nil {
+		b.Fatal(err)
 	}
-	return redisIdx, f
+	redisAddAll(b, idx, f, 8)
+	b.ResetTimer()
+	return idx, f
 }
 
 // redisAddAll ingests the fixture into Redis from `workers` goroutines (events of 16 blocks) and returns

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,9 +192,14 @@ func (m *MemoryIndex) holderFor(model string, ep EndpointID) (uint64, uint16, er
 	return mm.mix, hid, nil
 }
 
+// checkNames rejects an empty model or endpoint, and endpoint IDs with a tab or newline (the Redis block
+// record separators).
 func checkNames(op, model string, ep EndpointID) error {
 	if model == "" || ep == "" {
 		return fmt.Errorf("kvstore: %s: empty model or endpoint: %w", op, ErrInvalidArgument)
+	}
+	if strings.ContainsAny(string(ep), "\t\n") {
+		return fmt.Errorf("kvstore: %s: endpoint %q contains a tab or newline: %w", op, ep, ErrInvalidArgument)
 	}
 	return nil
 }

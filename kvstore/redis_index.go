@@ -38,6 +38,8 @@ func (c RedisConfig) base() (string, error) {
 }
 
 var (
+	//go:embed scripts/index_lib.lua
+	luaIndexLib string
 	//go:embed scripts/index_match.lua
 	luaIndexMatch string
 	//go:embed scripts/index_add.lua
@@ -49,11 +51,11 @@ var (
 	//go:embed scripts/index_clear.lua
 	luaIndexClear string
 
-	scriptIndexMatch  = redis.NewScript(luaIndexMatch)
-	scriptIndexAdd    = redis.NewScript(luaIndexAdd)
-	scriptIndexRemove = redis.NewScript(luaIndexRemove)
-	scriptIndexRecord = redis.NewScript(luaIndexRecord)
-	scriptIndexClear  = redis.NewScript(luaIndexClear)
+	scriptIndexMatch  = redis.NewScript(luaIndexLib + luaIndexMatch)
+	scriptIndexAdd    = redis.NewScript(luaIndexLib + luaIndexAdd)
+	scriptIndexRemove = redis.NewScript(luaIndexLib + luaIndexRemove)
+	scriptIndexRecord = redis.NewScript(luaIndexLib + luaIndexRecord)
+	scriptIndexClear  = redis.NewScript(luaIndexLib + luaIndexClear)
 )
 
 // RedisIndex is the Redis Index. Every call is one Lua script (one round trip), and all keys of one model
@@ -61,7 +63,8 @@ var (
 //
 // Key layout (v1), with base = "<Prefix>:v1:":
 //
-//	<base>{<model>}:b:<block key, 16 hex digits>  HASH  endpoint -> expiresMs*4 + tier bits (1 GPU, 2 CPU)
+//	<base>{<model>}:b:<block key, 16 hex digits>  STRING records "<endpoint>\t<v>\n", v = expiresMs*4 + tier
+//	                                                      bits (1 GPU, 2 CPU); expiresMs > now: live speculative
 //	<base>{<model>}:e:<endpoint>                   SET   block IDs (hex) the endpoint holds on a tier
 //	<base>{<model>}:s:<endpoint>                   ZSET  block IDs with speculative holds, scored by expiry ms
 //
@@ -119,7 +122,8 @@ func (r *RedisIndex) blockKeys(model string, head []string, keys []BlockKey, pre
 	return names, args
 }
 
-// Match implements Index (one EVALSHA).
+// Match implements Index (one EVALSHA: the script reads the server clock and MGETs the blocks; the runs
+// are computed here).
 func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	if len(keys) == 0 || model == "" {
 		return nil, nil
@@ -129,18 +133,96 @@ func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) (
 	if err != nil {
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
-	if len(res)%3 != 0 {
+	if len(res) != 2 {
 		return nil, fmt.Errorf("kvstore: redis match: reply of %d elements", len(res))
 	}
+	now, ok1 := res[0].(int64)
+	vals, ok2 := res[1].([]any)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T", res[0], res[1])
+	}
+	return matchRuns(now, vals)
+}
+
+// matchRuns computes the prefix runs from the blocks' values (string, or nil for a missing block) in
+// prompt order, at server time now (ms).
+func matchRuns(now int64, vals []any) ([]EndpointMatch, error) {
 	var out []EndpointMatch
-	for i := 0; i < len(res); i += 3 {
-		ep, ok1 := res[i].(string)
-		g, ok2 := res[i+1].(int64)
-		c, ok3 := res[i+2].(int64)
-		if !ok1 || !ok2 || !ok3 {
-			return nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T %T", res[i], res[i+1], res[i+2])
+	var alive []bool
+	nalive := 0
+	for i, raw := range vals {
+		s, _ := raw.(string)
+		if s == "" {
+			break
 		}
-		out = append(out, EndpointMatch{Endpoint: EndpointID(ep), GPUBlocks: int(g), CPUBlocks: int(c)})
+		var seen [64]bool // per run index (runs beyond 64 are tracked by the slow path below)
+		var seenMore map[int]bool
+		for len(s) > 0 {
+			nl := strings.IndexByte(s, '\n')
+			tab := strings.IndexByte(s, '\t')
+			if nl < 0 || tab < 0 || tab > nl {
+				return nil, fmt.Errorf("kvstore: redis match: malformed block value")
+			}
+			ep, num := s[:tab], s[tab+1:nl]
+			s = s[nl+1:]
+			v, err := strconv.ParseInt(num, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("kvstore: redis match: malformed block value: %w", err)
+			}
+			tiers := v & 3
+			gpu := tiers&1 != 0 || v>>2 > now
+			cpu := tiers&2 != 0
+			if !gpu && !cpu {
+				continue
+			}
+			ri := -1
+			for j := range out {
+				if string(out[j].Endpoint) == ep {
+					ri = j
+					break
+				}
+			}
+			if i == 0 {
+				if ri >= 0 {
+					continue // duplicate record; first wins
+				}
+				out = append(out, EndpointMatch{Endpoint: EndpointID(ep)})
+				alive = append(alive, true)
+				nalive++
+				ri = len(out) - 1
+			} else if ri < 0 || !alive[ri] {
+				continue
+			}
+			if ri < len(seen) {
+				if seen[ri] {
+					continue
+				}
+				seen[ri] = true
+			} else {
+				if seenMore == nil {
+					seenMore = map[int]bool{}
+				}
+				if seenMore[ri] {
+					continue
+				}
+				seenMore[ri] = true
+			}
+			if gpu {
+				out[ri].GPUBlocks++
+			} else {
+				out[ri].CPUBlocks++
+			}
+		}
+		for j := range out {
+			held := (j < len(seen) && seen[j]) || seenMore[j]
+			if alive[j] && !held {
+				alive[j] = false
+				nalive--
+			}
+		}
+		if nalive == 0 {
+			break
+		}
 	}
 	return out, nil
 }

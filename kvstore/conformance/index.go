@@ -221,6 +221,8 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 			idx.Record(ctx, "m", "a", k[:1], 0),
 			idx.Record(ctx, "m", "a", k[:1], -time.Second),
 			idx.ClearEndpoint(ctx, "m", ""),
+			idx.Add(ctx, "m", "a\tb", gpu, k[:1]),
+			idx.Record(ctx, "m", "a\nb", k[:1], time.Second),
 		} {
 			if !errors.Is(err, kvstore.ErrInvalidArgument) {
 				t.Fatalf("want ErrInvalidArgument, got %v", err)
