@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,4 +410,36 @@ func metricValue(m prometheus.Metric) float64 {
 		return d.Counter.GetValue()
 	}
 	return d.Gauge.GetValue()
+}
+
+// Every kvgate_* metric the Grafana dashboard queries is exported by a running gateway.
+func TestGrafanaDashboardMetrics(t *testing.T) {
+	dash, err := os.ReadFile("../examples/grafana/kvgate.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(dash, &v); err != nil {
+		t.Fatal(err)
+	}
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
+	post(t, "http://"+g.Addr()+"/v1/completions", `{"model":"qwen3","prompt":"warm up the counters","max_tokens":1}`)
+	waitFor(2*time.Second, func() bool { return len(g.IngestStats()) == 1 })
+	resp, err := http.Get("http://" + g.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	names := regexp.MustCompile(`kvgate_[a-z_]+`).FindAllString(string(dash), -1)
+	for _, n := range names {
+		base := strings.TrimSuffix(n, "_bucket")
+		if !strings.Contains(string(page), "# TYPE "+base+" ") {
+			t.Errorf("dashboard queries %s; /metrics has no %s", n, base)
+		}
+	}
+	if len(names) < 15 {
+		t.Fatalf("only %d metric references", len(names))
+	}
 }

@@ -138,6 +138,15 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens}})
 			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL})
 		}
+		var ids []string
+		for _, e := range m.Endpoints {
+			ids = append(ids, e.ID)
+		}
+		var reasons []string
+		for r := plugins.ReasonTrap; r.String() != "unknown"; r++ {
+			reasons = append(reasons, r.String())
+		}
+		g.metrics.InitModel(m.Name, ids, reasons)
 		g.models[m.Name] = server.ServedModel{Model: rm}
 		for _, l := range m.LoRAAdapters {
 			g.models[l] = server.ServedModel{Model: rm, LoRA: l}

@@ -104,3 +104,24 @@ func New() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// InitModel creates the per-model and per-endpoint series at zero so dashboards see them before the first
+// event (Prometheus vectors export nothing until a label set is used). reasons are the policy fallback
+// reasons.
+func (m *Metrics) InitModel(model string, endpoints, reasons []string) {
+	m.PromptTokens.WithLabelValues(model)
+	m.MatchedTokens.WithLabelValues(model, "GPU")
+	m.MatchedTokens.WithLabelValues(model, "CPU")
+	m.ReservationRefusals.WithLabelValues(model)
+	m.QueueTimeouts.WithLabelValues(model)
+	m.LoadOnlyRoutes.WithLabelValues(model)
+	m.ClientDisconnects.WithLabelValues(model, "true")
+	m.ClientDisconnects.WithLabelValues(model, "false")
+	for _, r := range reasons {
+		m.PolicyFallbacks.WithLabelValues(model, r)
+	}
+	for _, e := range endpoints {
+		m.UpstreamRetries.WithLabelValues(e)
+		m.InFlight.WithLabelValues(e)
+	}
+}

@@ -461,6 +461,11 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 
 // Record writes the plan's block keys as a speculative entry for the claimed endpoint (best effort).
 func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
+	cd := p.Candidates[c.Index]
+	bs := p.Model.BlockSize
+	r.o.Metrics.PromptTokens.WithLabelValues(p.Model.Name).Add(float64(len(p.IDs)))
+	r.o.Metrics.MatchedTokens.WithLabelValues(p.Model.Name, "GPU").Add(float64(cd.GPUBlocks * bs))
+	r.o.Metrics.MatchedTokens.WithLabelValues(p.Model.Name, "CPU").Add(float64(cd.CPUBlocks * bs))
 	if r.o.Index == nil || len(p.Keys) == 0 || !r.storeUp() {
 		return
 	}
@@ -469,11 +474,6 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 		r.storeFailed("record", err)
 	}
 	r.o.Metrics.Stage.WithLabelValues(metrics.StageRecord).Observe(r.o.Now().Sub(start).Seconds())
-	cd := p.Candidates[c.Index]
-	bs := p.Model.BlockSize
-	r.o.Metrics.PromptTokens.WithLabelValues(p.Model.Name).Add(float64(len(p.IDs)))
-	r.o.Metrics.MatchedTokens.WithLabelValues(p.Model.Name, "GPU").Add(float64(cd.GPUBlocks * bs))
-	r.o.Metrics.MatchedTokens.WithLabelValues(p.Model.Name, "CPU").Add(float64(cd.CPUBlocks * bs))
 }
 
 // Renew extends c's lease by the lease TTL; the server calls it every TTL/3 on long responses.
