@@ -1,9 +1,7 @@
 package chattemplate
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -33,79 +31,64 @@ func parseRequest(body []byte, maxMessages int) (*chatRequest, error) {
 		documents:           jinja.None(),
 		reasoningEffort:     jinja.None(),
 	}
-	d := newJSONDecoder(body)
-	tok, err := d.dec.Token()
-	if err != nil {
-		return nil, badRequest("", "invalid JSON: %v", err)
-	}
-	if delim, ok := tok.(json.Delim); !ok || delim != '{' {
+	s := &jsonScanner{data: body}
+	if s.peek() != '{' {
+		if s.pos >= len(body) {
+			return nil, badRequest("", "empty body")
+		}
 		return nil, badRequest("", "the body must be a JSON object")
 	}
+	s.pos++
 	haveMessages := false
-	for d.dec.More() {
-		kt, err := d.dec.Token()
+	for first := true; ; first = false {
+		c := s.peek()
+		if c == '}' && first {
+			s.pos++
+			break
+		}
+		if c != '"' {
+			return nil, badRequest("", "invalid JSON: %v", s.errorf("object key must be a string"))
+		}
+		key, err := s.str()
 		if err != nil {
 			return nil, badRequest("", "invalid JSON: %v", err)
 		}
-		key, _ := kt.(string)
+		if err := s.expect(':'); err != nil {
+			return nil, badRequest("", "invalid JSON: %v", err)
+		}
 		switch key {
 		case "messages":
-			msgs, err := d.messageList(maxMessages)
+			msgs, err := s.messageList(maxMessages)
 			if err != nil {
 				return nil, err
 			}
 			req.messages, haveMessages = msgs, true
-			continue
 		case "tools", "tool_choice", "add_generation_prompt", "continue_final_message", "documents",
 			"reasoning_effort", "chat_template_kwargs", "chat_template":
-		default:
-			var skip json.RawMessage
-			if err := d.dec.Decode(&skip); err != nil {
+			v, err := s.value(1)
+			if err != nil {
 				return nil, badRequest(key, "invalid JSON: %v", err)
 			}
+			if err := req.set(key, v); err != nil {
+				return nil, err
+			}
+		default:
+			if err := s.skip(1); err != nil {
+				return nil, badRequest(key, "invalid JSON: %v", err)
+			}
+		}
+		c = s.peek()
+		if c == ',' {
+			s.pos++
 			continue
 		}
-		v, err := d.value(1)
-		if err != nil {
-			return nil, badRequest(key, "invalid JSON: %v", err)
+		if c == '}' {
+			s.pos++
+			break
 		}
-		switch key {
-		case "tools":
-			req.tools = v
-		case "tool_choice":
-			req.toolChoice = v
-		case "add_generation_prompt":
-			if req.addGenerationPrompt, err = laxBool(v, key); err != nil {
-				return nil, err
-			}
-		case "continue_final_message":
-			if req.continueFinal, err = laxBool(v, key); err != nil {
-				return nil, err
-			}
-		case "documents":
-			req.documents = v
-		case "reasoning_effort":
-			req.reasoningEffort = v
-		case "chat_template_kwargs":
-			switch {
-			case v.IsNone():
-				req.kwargs = nil
-			case v.IsDict():
-				req.kwargs = v.AsDict()
-			default:
-				return nil, badRequest(key, "must be an object")
-			}
-		case "chat_template":
-			if !v.IsNone() {
-				// vLLM refuses a request-supplied template unless --trust-request-chat-template is set.
-				return nil, badRequest(key, "chat template passed with the request; the model's own template is used and request templates are refused")
-			}
-		}
+		return nil, badRequest("", "invalid JSON: %v", s.errorf("want ',' or '}' in object"))
 	}
-	if _, err := d.dec.Token(); err != nil {
-		return nil, badRequest("", "invalid JSON: %v", err)
-	}
-	if _, err := d.dec.Token(); err != io.EOF {
+	if !s.atEnd() {
 		return nil, badRequest("", "trailing data after the JSON body")
 	}
 	if !haveMessages {
@@ -117,31 +100,74 @@ func parseRequest(body []byte, maxMessages int) (*chatRequest, error) {
 	return req, nil
 }
 
-// messageList decodes the "messages" array, failing as soon as it holds more than max entries.
-func (d *jsonDecoder) messageList(max int) ([]jinja.Value, error) {
-	tok, err := d.dec.Token()
-	if err != nil {
-		return nil, badRequest("messages", "invalid JSON: %v", err)
+// set stores one decoded top-level field.
+func (req *chatRequest) set(key string, v jinja.Value) error {
+	var err error
+	switch key {
+	case "tools":
+		req.tools = v
+	case "tool_choice":
+		req.toolChoice = v
+	case "add_generation_prompt":
+		req.addGenerationPrompt, err = laxBool(v, key)
+	case "continue_final_message":
+		req.continueFinal, err = laxBool(v, key)
+	case "documents":
+		req.documents = v
+	case "reasoning_effort":
+		req.reasoningEffort = v
+	case "chat_template_kwargs":
+		switch {
+		case v.IsNone():
+			req.kwargs = nil
+		case v.IsDict():
+			req.kwargs = v.AsDict()
+		default:
+			return badRequest(key, "must be an object")
+		}
+	case "chat_template":
+		if !v.IsNone() {
+			// vLLM refuses a request-supplied template unless --trust-request-chat-template is set.
+			return badRequest(key, "chat template passed with the request; the model's own template is used and request templates are refused")
+		}
 	}
-	if delim, ok := tok.(json.Delim); !ok || delim != '[' {
+	return err
+}
+
+// messageList decodes the "messages" array, failing as soon as it holds more than max entries.
+func (s *jsonScanner) messageList(max int) ([]jinja.Value, error) {
+	if s.peek() != '[' {
+		if err := s.skip(1); err != nil {
+			return nil, badRequest("messages", "invalid JSON: %v", err)
+		}
 		return nil, badRequest("messages", "must be a list")
 	}
-	var msgs []jinja.Value
-	for d.dec.More() {
+	s.pos++
+	msgs := []jinja.Value{}
+	if s.peek() == ']' {
+		s.pos++
+		return msgs, nil
+	}
+	for {
 		if len(msgs) >= max {
 			return nil, &RequestError{Kind: ErrLimit, Path: "messages",
 				Message: fmt.Sprintf("more than %d messages (limit)", max)}
 		}
-		v, err := d.value(2)
+		v, err := s.value(2)
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("messages[%d]", len(msgs)), "invalid JSON: %v", err)
 		}
 		msgs = append(msgs, v)
+		switch s.peek() {
+		case ',':
+			s.pos++
+		case ']':
+			s.pos++
+			return msgs, nil
+		default:
+			return nil, badRequest("messages", "invalid JSON: %v", s.errorf("want ',' or ']' in array"))
+		}
 	}
-	if _, err := d.dec.Token(); err != nil {
-		return nil, badRequest("messages", "invalid JSON: %v", err)
-	}
-	return msgs, nil
 }
 
 // laxBool accepts what pydantic's lax bool mode accepts.
