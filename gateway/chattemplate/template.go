@@ -175,7 +175,12 @@ func build(sources map[string]string, special []specialToken, opts []Option) (*T
 	return t, nil
 }
 
-func compile(name, src string, forced ContentFormat) (*compiled, error) {
+func compile(name, src string, forced ContentFormat) (c *compiled, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c, err = nil, fmt.Errorf("chattemplate: template %q: compiler panic: %v", name, r)
+		}
+	}()
 	segs, err := lexTemplate(normalizeNewlines(src))
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: template %q: %w", name, err)
@@ -350,7 +355,14 @@ var templateKwargsReserved = map[string]bool{
 // chat_template_kwargs; other fields are ignored. Errors are *RequestError (the body or its messages are
 // malformed or hold unsupported content) or *RenderError (the template raised or failed, or a limit was
 // hit).
-func (t *Template) RenderContext(ctx context.Context, chatRequestJSON []byte) (string, error) {
+func (t *Template) RenderContext(ctx context.Context, chatRequestJSON []byte) (prompt string, err error) {
+	defer func() {
+		// ardanlabs/jinja is third-party code running operator-supplied templates on client data: a panic
+		// in it must fail this request, not the gateway.
+		if r := recover(); r != nil {
+			prompt, err = "", &RenderError{Kind: ErrTemplateFailed, Message: fmt.Sprintf("template engine panic: %v", r)}
+		}
+	}()
 	lim := t.cfg.limits
 	req, err := parseRequest(chatRequestJSON, lim.MaxMessages)
 	if err != nil {
