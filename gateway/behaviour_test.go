@@ -443,3 +443,34 @@ func TestGrafanaDashboardMetrics(t *testing.T) {
 		t.Fatalf("only %d metric references", len(names))
 	}
 }
+
+// An engine that dies mid-stream: the client sees the chunks sent so far, then one error event and the end
+// of the stream (no [DONE]); the request is not retried and its lease is released.
+func TestEngineDiesMidStream(t *testing.T) {
+	engines := startSims(t, 2, func(c *sim.Config) {
+		c.Faults = sim.Faults{CloseAfterChunks: 3, CloseCount: -1}
+	})
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
+	resp, err := http.Post("http://"+g.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(chatBody(true, 50, "tell me a story")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("client read: %v", err)
+	}
+	events := strings.Split(strings.TrimSpace(string(b)), "\n\n")
+	last := events[len(events)-1]
+	if resp.StatusCode != 200 || len(events) != 4 || !strings.Contains(last, `"code":"upstream_error"`) ||
+		strings.Contains(string(b), "[DONE]") {
+		t.Fatalf("status %d, %d events:\n%s", resp.StatusCode, len(events), b)
+	}
+	if !waitFor(time.Second, func() bool { return inflight(t, g) == 0 }) {
+		t.Fatal("lease not released")
+	}
+	if n := metricValue(g.Metrics().Requests.WithLabelValues("qwen3", resp.Header.Get("x-kvgate-endpoint"), "502")); n != 1 {
+		t.Fatalf("502 count %v", n)
+	}
+}
