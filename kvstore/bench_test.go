@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
@@ -256,10 +258,22 @@ func benchReserve(b *testing.B, r kvstore.Reservations) {
 
 // redisIndex starts a redis-server for one benchmark and fills it with the 1 M-key fixture (8
 // concurrent writers); the server is killed when the benchmark ends.
+var benchClients sync.Map // *kvstore.RedisIndex -> *redis.Client
+
+func redisClientOf(b *testing.B, idx *kvstore.RedisIndex) *redis.Client {
+	c, ok := benchClients.Load(idx)
+	if !ok {
+		b.Fatal("no client")
+	}
+	return c.(*redis.Client)
+}
+
 func redisIndex(b *testing.B) (*kvstore.RedisIndex, *benchFixture) {
 	f := getFixture()
 	srv := redistest.Start(b)
-	idx, err := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{Prefix: "bench"})
+	c := srv.Client(b)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: "bench"})
+	benchClients.Store(idx, c)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -358,4 +372,44 @@ func BenchmarkRedisReserve(b *testing.B) {
 	srv := redistest.Start(b)
 	r, _ := kvstore.NewRedisReservations(srv.Client(b), kvstore.RedisConfig{Prefix: "bench"})
 	benchReserve(b, r)
+}
+
+// BenchmarkRedisPing is the floor under every Redis figure: one PING round trip on the same machine.
+func BenchmarkRedisPing(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client(b)
+	ctx := context.Background()
+	var lat p50
+	for b.Loop() {
+		t0 := time.Now()
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		lat.add(time.Since(t0))
+	}
+	lat.report(b)
+}
+
+// BenchmarkRedisMGET128 is a plain MGET of one prompt's 128 block keys (no script), for comparison with
+// BenchmarkRedisMatch128.
+func BenchmarkRedisMGET128(b *testing.B) {
+	idx, f := redisIndex(b)
+	srvClient := redisClientOf(b, idx)
+	ctx := context.Background()
+	var lat p50
+	i := 0
+	for b.Loop() {
+		ks := f.keys[i%len(f.keys)]
+		names := make([]string, len(ks))
+		for j, k := range ks {
+			names[j] = idx.BlockKeyName("bench-model", k)
+		}
+		t0 := time.Now()
+		if err := srvClient.MGet(ctx, names...).Err(); err != nil {
+			b.Fatal(err)
+		}
+		lat.add(time.Since(t0))
+		i += 7919
+	}
+	lat.report(b)
 }
