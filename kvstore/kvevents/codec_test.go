@@ -305,3 +305,28 @@ func TestDecodeVariants(t *testing.T) {
 		t.Fatalf("map event: %+v", r)
 	}
 }
+
+// TestHashForms pins the bytes of each hash form for a hash with the top bit set.
+func TestHashForms(t *testing.T) {
+	h := EngineHash(0xfffffffffffffffe)
+	raw := append(make([]byte, 24), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe)
+	b := EventBatch{TS: 0, Events: []Event{BlockRemoved{BlockHashes: []EngineHash{h}, RawBlockHashes: [][]byte{raw}}}}
+	for form, wantHash := range map[HashForm]string{
+		HashUint:  "cffffffffffffffffe",
+		HashInt64: "fe", // -2 as a negative fixint, as msgpack-python packs the int64 -2
+		HashBytes: "c420" + strings.Repeat("00", 24) + "fffffffffffffffe",
+	} {
+		p, err := Encode(b, LayoutV011, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "93cb0000000000000000" + "9193ac426c6f636b52656d6f76656491" + wantHash + "c0c0"
+		if hex.EncodeToString(p) != want {
+			t.Errorf("%s: %x, want %s", form, p, want)
+		}
+		d, err := Decode(p)
+		if err != nil || d.Events[0].(BlockRemoved).BlockHashes[0] != h {
+			t.Errorf("%s: decoded %+v, %v", form, d, err)
+		}
+	}
+}
