@@ -13,7 +13,8 @@ import (
 // (testdata/gen/random_convs.py: unicode, whitespace runs, CRLF, tag-like text, think blocks, tool calls
 // with nested arguments, tools with null fields, enable_thinking) rendered with the 4 templates, compared
 // with testdata/random_renders_py.json. The messages are already in the shape vLLM hands the template, so
-// the request JSON and the Python variables are the same values.
+// the request JSON and the Python variables are the same values (every other conversation sends its
+// tool-call arguments as JSON strings instead, which vLLM parses back into the same values).
 func TestRandomConversations(t *testing.T) {
 	var data struct {
 		Tools         json.RawMessage `json:"tools"`
@@ -34,7 +35,12 @@ func TestRandomConversations(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s/%s: no reference render", m, c.Name)
 			}
-			body := fmt.Sprintf(`{"messages": %s, "add_generation_prompt": %v`, c.Messages, c.AddGenerationPrompt)
+			// Alternate between parsed tool-call arguments and the JSON strings the OpenAI API sends.
+			msgs := c.Messages
+			if checked%2 == 1 {
+				msgs = argumentsAsStrings(t, msgs)
+			}
+			body := fmt.Sprintf(`{"messages": %s, "add_generation_prompt": %v`, msgs, c.AddGenerationPrompt)
 			if c.Tools {
 				body += `, "tools": ` + string(data.Tools)
 			}

@@ -2,10 +2,11 @@
 """Write random_conversations.json: seeded random chat conversations for the differential test.
 
 Run from gateway/chattemplate/testdata:  /usr/bin/python3 gen/random_convs.py
-Messages are generated already in the shape vLLM hands the template (keys role, content, tool_calls /
-tool_call_id in vLLM's order, string content, parsed tool-call arguments, tools in model_dump shape with
-description and parameters present), so rendering them directly with jinja2 (gen/render_ref.py) is the
-reference for rendering the same JSON as a request with gateway/chattemplate.
+Messages are generated close to the shape vLLM hands the template (keys role, content, tool_calls /
+tool_call_id in vLLM's order, parsed tool-call arguments, tools in model_dump shape with description and
+parameters present); system and user content is sometimes a list of text parts. gen/render_ref.py applies
+the one remaining step of vLLM's parse_chat_messages, the content format (parts joined with "\n" for string
+templates, strings wrapped as one text part for gemma3's part-list template), before rendering.
 """
 import json
 import random
@@ -46,13 +47,20 @@ TOOLS = [
 ]
 
 
+def content(rng):
+    """A string, or (sometimes) a list of 1-3 text parts, as clients send multi-part messages."""
+    if rng.random() < 0.3:
+        return [{"type": "text", "text": text(rng, 0, 3)} for _ in range(rng.randint(1, 3))]
+    return text(rng, 1)
+
+
 def conversation(rng, i):
     msgs = []
     if rng.random() < 0.5:
-        msgs.append({"role": "system", "content": text(rng, 1)})
+        msgs.append({"role": "system", "content": content(rng)})
     call_id = 0
     for turn in range(rng.randint(1, 4)):
-        msgs.append({"role": "user", "content": text(rng, 1)})
+        msgs.append({"role": "user", "content": content(rng)})
         if turn == 0 and rng.random() < 0.2:
             break
         r = rng.random()

@@ -105,6 +105,25 @@ def render_cases(special):
         f.write("\n")
 
 
+# The content format vLLM's _detect_content_format finds for each template (tested on the Go side).
+CONTENT_FORMAT = {"gemma3": "openai"}
+
+
+def vllm_content(messages, fmt):
+    """The content step of vLLM's parse_chat_messages for text-only messages."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        c = m.get("content")
+        texts = [] if c is None else [c] if isinstance(c, str) else [p["text"] for p in c]
+        if fmt == "openai" and m["role"] != "tool":
+            m["content"] = [{"type": "text", "text": t} for t in texts]
+        else:
+            m["content"] = "\n".join(texts)
+        out.append(m)
+    return out
+
+
 def render_random(special):
     """random_conversations.json (gen/random_convs.py) -> random_renders_py.json {model: {name: text}}."""
     env = environment()
@@ -121,7 +140,8 @@ def render_random(special):
             kwargs = dict(special.get(model, {}))
             kwargs.update(conv.get("kwargs", {}))
             try:
-                text = template.render(messages=conv["messages"],
+                msgs = vllm_content(conv["messages"], CONTENT_FORMAT.get(model, "string"))
+                text = template.render(messages=msgs,
                                        tools=data["tools"] if conv.get("tools") else None,
                                        add_generation_prompt=conv["add_generation_prompt"], **kwargs)
             except Exception as exc:
