@@ -66,47 +66,50 @@ func (t Tier) String() string {
 }
 
 type item struct {
-	group uint8   // 0 ranks before 1
-	rate  float64 // higher first (0 where the branch does not use it)
+	group uint8   // 0 ranks before 1 (affinity: overloaded; balance: not drawn)
+	rate  float64 // match rate, higher first (affinity only, group 0 only)
 	load  uint64  // lower first
 	key   uint64  // seeded tie-break, lower first
 	idx   uint32
 }
 
-func cmpItem(a, b item) int {
-	switch {
-	case a.group != b.group:
-		return int(a.group) - int(b.group)
-	case a.rate != b.rate:
-		if a.rate > b.rate {
-			return -1
-		}
-		return 1
-	case a.load != b.load:
-		if a.load < b.load {
-			return -1
-		}
-		return 1
-	case a.key != b.key:
-		if a.key < b.key {
-			return -1
-		}
-		return 1
+// before reports whether a ranks before b in the given branch. One comparison serves every branch so
+// Rank needs no fix-up passes (each guest loop iteration costs ~25 ns with interruption on).
+func before(a, b *item, tier Tier) bool {
+	if tier != TierMiss && a.group != b.group {
+		return a.group < b.group
 	}
-	return int(a.idx) - int(b.idx)
+	if tier == TierAffinity && a.group == 0 && a.rate != b.rate {
+		return a.rate > b.rate
+	}
+	if a.load != b.load {
+		return a.load < b.load
+	}
+	if a.key != b.key {
+		return a.key < b.key
+	}
+	return a.idx < b.idx
 }
 
-// sortItems sorts by cmpItem: insertion sort for small fleets (direct calls; Go's wasm code makes the
+// sortItems sorts by before: insertion sort for small fleets (direct calls; Go's wasm code makes the
 // indirect comparator calls of slices.SortFunc costly), pdqsort above.
-func sortItems(items []item) {
-	if len(items) > 24 {
-		slices.SortFunc(items, cmpItem)
+func sortItems(items []item, tier Tier) {
+	if len(items) > 64 {
+		slices.SortFunc(items, func(a, b item) int {
+			if before(&a, &b, tier) {
+				return -1
+			}
+			if before(&b, &a, tier) {
+				return 1
+			}
+			return 0
+		})
 		return
 	}
 	for i := 1; i < len(items); i++ {
 		x := items[i]
 		j := i
-		for j > 0 && cmpItem(x, items[j-1]) < 0 {
+		for j > 0 && before(&x, &items[j-1], tier) {
 			items[j] = items[j-1]
 			j--
 		}
@@ -176,11 +179,6 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	switch {
 	case bestFree >= cfg.MatchThreshold:
 		tier = TierAffinity
-		for i := range items {
-			if items[i].group == 1 {
-				items[i].rate = 0
-			}
-		}
 	case bestOver >= cfg.MatchThreshold:
 		tier = TierBalance
 		rng := sdk.NewRand(req.Seed)
@@ -190,17 +188,13 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 			b++
 		}
 		for i := range items {
-			items[i].rate = 0
 			items[i].group = 1
 		}
 		items[a].group, items[b].group = 0, 0
 	default:
 		tier = TierMiss
-		for i := range items {
-			items[i].rate, items[i].group = 0, 0
-		}
 	}
-	sortItems(items)
+	sortItems(items, tier)
 	for i := range items {
 		out = append(out, items[i].idx)
 	}
@@ -209,8 +203,7 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 
 // Policy is the sdk.Policy form of the three-tier ranker (what the embedded Wasm module registers).
 type Policy struct {
-	r   Ranker
-	out []uint32
+	r Ranker
 }
 
 // Init parses the config (see ParseConfig).
@@ -225,9 +218,7 @@ func (p *Policy) Init(config []byte) error {
 
 // Choose ranks s into r.
 func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
-	p.out, _ = p.r.Rank(s, p.out[:0])
-	for _, v := range p.out {
-		r.Add(v)
-	}
+	out, _ := p.r.Rank(s, r.AppendTo())
+	r.Set(out)
 	return nil
 }
