@@ -222,22 +222,32 @@ func procCPUTime(pid int) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("harness: cpu time: %w", err)
 	}
-	// The command name (field 2) is in parentheses and may contain spaces: fields after the last ')'.
+	return ParseProcStat(b)
+}
+
+// ErrProcStat is returned by ParseProcStat for a line that is not a /proc/<pid>/stat line.
+var ErrProcStat = errors.New("harness: malformed /proc/<pid>/stat")
+
+// ParseProcStat returns utime+stime of a /proc/<pid>/stat line (fields 14 and 15, clock ticks of 1/100 s).
+// The command name (field 2) is in parentheses and may hold spaces and parentheses: the fields are counted
+// after the last ')'.
+func ParseProcStat(b []byte) (time.Duration, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, errors.New("harness: cpu time: malformed /proc stat")
+		return 0, ErrProcStat
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// After ')': field 3 (state) is f[0]; utime is field 14 → f[11], stime field 15 → f[12].
 	if len(f) < 13 {
-		return 0, errors.New("harness: cpu time: short /proc stat")
+		return 0, ErrProcStat
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	// 32 bits of ticks each (497 days of CPU) keep the sum in nanoseconds far from overflow.
+	ut, err1 := strconv.ParseUint(f[11], 10, 32)
+	st, err2 := strconv.ParseUint(f[12], 10, 32)
 	if err1 != nil || err2 != nil {
-		return 0, errors.New("harness: cpu time: malformed utime/stime")
+		return 0, ErrProcStat
 	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
+	return time.Duration(ut+st) * (time.Second / clockTicks), nil
 }
 
 // waitLog polls the process log until match returns a non-empty result, the process exits, or ctx ends.

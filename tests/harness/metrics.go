@@ -77,7 +77,7 @@ func ParseMetrics(r io.Reader) (Samples, error) {
 
 func parseSample(line string) (Sample, error) {
 	s := Sample{Labels: map[string]string{}}
-	i := strings.IndexAny(line, "{ ")
+	i := strings.IndexAny(line, "{ \t")
 	if i <= 0 {
 		return s, fmt.Errorf("no value in %q", line)
 	}
