@@ -9,8 +9,7 @@ import (
 
 // bpe is HF's BPE model: a vocab, ranked merges and the options that change how a word starts out.
 type bpe struct {
-	vocab        map[string]uint32 // model-space token -> ID (raw bytes for byte-level models)
-	idToTok      []string          // ID -> model-space token ("" for IDs the vocab does not define)
+	vocab        *strTable // model-space token <-> ID (raw bytes for byte-level models)
 	merges       *mergeTable
 	byteID       [256]int32 // byte-level models: ID of each single-byte token, -1 if absent
 	fallbackID   [256]int32 // byte_fallback: ID of "<0xXX>", -1 if absent
@@ -102,7 +101,7 @@ func (b *bpe) symbols(dst []uint32, w string, byteLevel bool) []uint32 {
 		_, size := utf8.DecodeRuneInString(w[i:])
 		s := w[i : i+size]
 		i += size
-		if id, ok := b.vocab[s]; ok {
+		if id, ok := b.vocab.get(s); ok {
 			dst = append(dst, id)
 			pendingUnk = false
 			continue
@@ -137,7 +136,7 @@ func (b *bpe) symbols(dst []uint32, w string, byteLevel bool) []uint32 {
 // encodeWord appends the BPE encoding of one pre-token to dst.
 func (b *bpe) encodeWord(dst []uint32, w string, byteLevel bool) []uint32 {
 	if b.ignoreMerges {
-		if id, ok := b.vocab[w]; ok {
+		if id, ok := b.vocab.get(w); ok {
 			return append(dst, id)
 		}
 	}

@@ -209,40 +209,27 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 		return unsupported("model", "BPE", "end_of_word_suffix")
 	}
 	b := &bpe{fuseUnk: m.FuseUnk, byteFallback: m.ByteFallback, ignoreMerges: m.IgnoreMerges, unk: -1}
-	b.vocab = make(map[string]uint32, 1<<17)
-	type entry struct {
-		tok string
-		id  uint32
-	}
-	entries := make([]entry, 0, 1<<17)
-	maxID := uint32(0)
 	byteLevel := t.byteLevel
+	var vb strTableBuilder
+	vb.arena = make([]byte, 0, len(m.Vocab)/2)
+	vb.ents = make([]strEnt, 0, 1<<17)
 	var kb []byte
 	err := parseVocab(m.Vocab, func(raw []byte, id uint32) {
-		var tok string
-		if ok := false; byteLevel {
+		if byteLevel {
+			var ok bool
 			if kb, ok = appendByteLevelDecodeBytes(kb[:0], raw); ok {
-				tok = string(kb)
-			} else {
-				tok = string(raw)
+				raw = kb
 			}
-		} else {
-			tok = string(raw)
 		}
-		b.vocab[tok] = id
-		entries = append(entries, entry{tok, id})
-		maxID = max(maxID, id)
+		vb.add(raw, id)
 	})
 	if err != nil {
 		return fmt.Errorf("tokenizer: model.vocab: %w", err)
 	}
-	b.idToTok = make([]string, maxID+1)
-	for _, e := range entries {
-		b.idToTok[e.id] = e.tok
-	}
+	b.vocab = vb.build()
 	if byteLevel {
 		for i := range b.byteID {
-			id, ok := b.vocab[string([]byte{byte(i)})]
+			id, ok := b.vocab.get(string([]byte{byte(i)}))
 			if !ok {
 				b.byteID[i] = -1
 				continue
@@ -252,7 +239,7 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	}
 	if b.byteFallback {
 		for i := range b.fallbackID {
-			id, ok := b.vocab[fmt.Sprintf("<0x%02X>", i)]
+			id, ok := b.vocab.get(fmt.Sprintf("<0x%02X>", i))
 			if !ok {
 				b.fallbackID[i] = -1
 				continue
@@ -261,7 +248,7 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 		}
 	}
 	if m.UnkToken != nil {
-		id, ok := b.vocab[*m.UnkToken]
+		id, ok := b.vocab.get(*m.UnkToken)
 		if !ok {
 			return fmt.Errorf("tokenizer: model.unk_token %q is not in the vocab", *m.UnkToken)
 		}
@@ -284,9 +271,9 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 		} else {
 			buf = append(append(buf, x...), y...)
 		}
-		a, ok1 := b.vocab[string(buf[:nx])]
-		c, ok2 := b.vocab[string(buf[nx:])]
-		n, ok3 := b.vocab[string(buf)]
+		a, ok1 := b.vocab.getBytes(buf[:nx])
+		c, ok2 := b.vocab.getBytes(buf[nx:])
+		n, ok3 := b.vocab.getBytes(buf)
 		if !ok1 || !ok2 || !ok3 {
 			return fmt.Errorf("tokenizer: merge %q %q uses a token outside the vocab", x, y)
 		}

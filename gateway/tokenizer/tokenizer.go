@@ -117,10 +117,8 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 			toks = append(toks, at.decoded)
 			continue
 		}
-		if int(id) < len(t.model.idToTok) {
-			if tok := t.model.idToTok[id]; tok != "" {
-				toks = append(toks, tok)
-			}
+		if t.model.vocab.defines(id) {
+			toks = append(toks, t.model.vocab.token(id))
 		}
 	}
 	return t.dec.decode(toks)
@@ -136,8 +134,7 @@ func (t *Tokenizer) TokenID(tok string) (uint32, bool) {
 	if t.byteLevel {
 		key = byteLevelDecode(tok)
 	}
-	id, ok := t.model.vocab[key]
-	return id, ok
+	return t.model.vocab.get(key)
 }
 
 // IsSpecial reports whether id is an added token flagged special.
@@ -175,7 +172,7 @@ func (t *Tokenizer) SpecialSuffix() []uint32 { return t.suffix }
 
 // VocabSize returns one more than the largest token ID (model vocab and added tokens).
 func (t *Tokenizer) VocabSize() int {
-	n := len(t.model.idToTok)
+	n := t.model.vocab.size()
 	for id := range t.addedByID {
 		n = max(n, int(id)+1)
 	}
