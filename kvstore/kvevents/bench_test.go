@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,4 +174,32 @@ func BenchmarkIngestRedis(b *testing.B) {
 	if s := ing.Stats(); s.DecodeErrors+s.Orphans+s.IndexErrors+s.Gaps+s.UnknownRemoved != 0 {
 		b.Fatalf("stats %+v", s)
 	}
+}
+
+// BenchmarkIngestMemoryParallel runs one Ingester per goroutine (GOMAXPROCS endpoints ingesting at once into
+// the shared, pre-filled memory index), as a gateway does with one goroutine per endpoint. blocks/s is the
+// aggregate.
+func BenchmarkIngestMemoryParallel(b *testing.B) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	prefill(idx, 1<<20)
+	ps, stored := benchBatches(4096, 32, LayoutMap)
+	var next, total atomic.Int64
+	ctx := context.Background()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ing, err := NewIngester(IngesterConfig{Endpoint: kvstore.EndpointID(fmt.Sprintf("e%d", next.Add(1))), Model: testModel,
+			BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		seq := uint64(0)
+		for pb.Next() {
+			w := seq % uint64(len(ps))
+			ing.handle(ctx, w, ps[w])
+			seq++
+		}
+		total.Add(int64(seq))
+	})
+	b.ReportMetric(float64(stored/len(ps))*float64(total.Load())/b.Elapsed().Seconds(), "blocks/s")
 }
