@@ -13,7 +13,7 @@ var (
 	// ErrTemplateFailed: the template failed while rendering (undefined operation, type error, ...).
 	ErrTemplateFailed = errors.New("chattemplate: template failed")
 	// ErrLimit: a limit was hit (message count, output size, loop iterations, recursion depth, time).
-	ErrLimit = errors.New("chattemplate: render limit exceeded")
+	ErrLimit = errors.New("chattemplate: limit exceeded")
 	// ErrUnsupportedContent: a content part the gateway cannot render exactly (media on a template that
 	// takes string content, embeddings, unknown part types).
 	ErrUnsupportedContent = errors.New("chattemplate: unsupported content part")
