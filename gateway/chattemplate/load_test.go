@@ -107,3 +107,37 @@ func TestLoadNamedTemplates(t *testing.T) {
 		t.Errorf("chat_template.jinja: got %q, %v; want %q", got, err, "Jhi")
 	}
 }
+
+// TestLoadProcessorTemplate: a processor's chat_template.json is used for requests without tools, the
+// tokenizer's template for requests with tools (vLLM's resolve_chat_template order).
+func TestLoadProcessorTemplate(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "tokenizer_config.json"), `{"chat_template": "TOK{{ messages|length }}"}`)
+	writeFile(t, filepath.Join(dir, "chat_template.json"), `{"chat_template": "PROC{{ messages|length }}"}`)
+	tmpl, err := chattemplate.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for body, want := range map[string]string{
+		`{"messages": [{"role": "user", "content": "a"}]}`:                                                             "PROC1",
+		`{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function", "function": {"name": "f"}}]}`: "TOK1",
+	} {
+		if got, err := tmpl.Render([]byte(body)); err != nil || got != want {
+			t.Errorf("Render(%s) = %q, %v; want %q", body, got, err, want)
+		}
+	}
+	// Only a processor template: requests with tools find no template, as in vLLM.
+	only := t.TempDir()
+	writeFile(t, filepath.Join(only, "tokenizer_config.json"), `{}`)
+	writeFile(t, filepath.Join(only, "chat_template.json"), `{"chat_template": "P"}`)
+	tmpl, err = chattemplate.Load(only)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tmpl.Render([]byte(`{"messages": []}`)); err != nil || got != "P" {
+		t.Errorf("no tools: %q, %v", got, err)
+	}
+	if _, err := tmpl.Render([]byte(`{"messages": [], "tools": []}`)); !errors.Is(err, chattemplate.ErrNoTemplate) {
+		t.Errorf("tools with only a processor template: want ErrNoTemplate, got %v", err)
+	}
+}

@@ -199,7 +199,8 @@ func compile(name, src string, forced ContentFormat) (c *compiled, err error) {
 // Load reads a Hugging Face model directory: tokenizer_config.json's chat_template (a string, or a list
 // of {"name", "template"} entries) and its special tokens (strings or AddedToken objects). A
 // chat_template.jinja file, and additional_chat_templates/<name>.jinja files, take precedence as they do
-// in transformers. It fails with ErrNoTemplate when the directory defines no template.
+// in transformers; a processor's chat_template.json is used for requests without tools, as vLLM does. It
+// fails with ErrNoTemplate when the directory defines no template.
 func Load(dir string, opts ...Option) (*Template, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
 	if err != nil {
@@ -242,6 +243,16 @@ func Load(dir string, opts ...Option) (*Template, error) {
 				}
 				sources[n] = string(b)
 			}
+		}
+	}
+	// A processor's chat_template.json (multimodal models) is vLLM's second choice after a configured
+	// template, used only when the request has no tools (vllm/renderers/hf.py resolve_chat_template).
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.json")); err == nil {
+		var pc struct {
+			ChatTemplate string `json:"chat_template"`
+		}
+		if json.Unmarshal(b, &pc) == nil && pc.ChatTemplate != "" {
+			sources[processorTemplate] = pc.ChatTemplate
 		}
 	}
 	if len(sources) == 0 {
@@ -317,9 +328,18 @@ func (t *Template) ContentFormat() ContentFormat {
 	return FormatAuto
 }
 
-// pick mirrors transformers' get_chat_template: with tools, a template named "tool_use" wins; otherwise
-// "default"; a single template is used either way.
+// processorTemplate names the template read from a processor's chat_template.json.
+const processorTemplate = "\x00processor"
+
+// pick mirrors vLLM's resolve_chat_template over transformers' get_chat_template: without tools a
+// processor template (chat_template.json) wins; with tools, a template named "tool_use"; otherwise
+// "default"; a single tokenizer template is used either way.
 func (t *Template) pick(tools bool) *compiled {
+	if !tools {
+		if c, ok := t.byName[processorTemplate]; ok {
+			return c
+		}
+	}
 	if tools {
 		if c, ok := t.byName["tool_use"]; ok {
 			return c
@@ -328,11 +348,17 @@ func (t *Template) pick(tools bool) *compiled {
 	if c, ok := t.byName["default"]; ok {
 		return c
 	}
-	if len(t.byName) == 1 {
-		for _, c := range t.byName {
-			return c
+	var only *compiled
+	n := 0
+	for name, c := range t.byName {
+		if name != processorTemplate {
+			only, n = c, n+1
 		}
 	}
+	if n == 1 {
+		return only
+	}
+	// With tools and only a processor template, vLLM skips the processor template and finds none.
 	return nil
 }
 
