@@ -71,7 +71,7 @@ type Stats struct {
 	CatchUps uint64
 	// Restarts counts sequence restarts (seq back to 0 or otherwise backwards: the engine restarted).
 	Restarts uint64
-	// Clears counts ClearEndpoint calls (AllBlocksCleared, restarts, unrepaired gaps).
+	// Clears counts ClearEndpoint calls (the first message, AllBlocksCleared, restarts, unrepaired gaps).
 	Clears uint64
 	// Duplicates counts messages already applied through replay.
 	Duplicates uint64
@@ -282,6 +282,12 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 	in.mu.Lock()
 	have, last := in.stats.HaveSeq, in.stats.LastSeq
 	in.mu.Unlock()
+	if !have {
+		// This Ingester's first message. Whatever the index holds for the endpoint was written by an earlier
+		// ingester (another gateway before a lease takeover, or this one before a restart) whose engine-hash
+		// map is gone: its removals could never be resolved, so start from a clean endpoint.
+		in.clear(ctx, false)
+	}
 	switch {
 	case !have && seq > 0 && in.cfg.ReplayAddr != "":
 		// The first message from a publisher that has been running for a while: fetch its buffered history

@@ -229,8 +229,8 @@ func TestIngestGoldenPayloads(t *testing.T) {
 	s := waitStats(t, ing, "all golden batches", seqIs(uint64(len(names)-1)))
 	// 10 vLLM payloads of 3 events + the SGLang one of 4; each stores 2 blocks on GPU (block size 16).
 	// The vLLM BlockRemoved events name medium CPU where nothing was stored (9 unknown), except v0.9's
-	// (no medium = GPU); every batch ends with AllBlocksCleared.
-	want := Stats{Batches: 11, Events: 34, Blocks: 22, UnknownRemoved: 9, Clears: 11}
+	// (no medium = GPU); every batch ends with AllBlocksCleared (plus the clear on the first message).
+	want := Stats{Batches: 11, Events: 34, Blocks: 22, UnknownRemoved: 9, Clears: 12}
 	got := Stats{Batches: s.Batches, Events: s.Events, Blocks: s.Blocks, UnknownRemoved: s.UnknownRemoved, Clears: s.Clears}
 	if got != want || s.DecodeErrors != 0 || s.Gaps != 0 || s.MappedHashes != 0 {
 		t.Fatalf("stats %+v", s)
@@ -324,7 +324,7 @@ func TestIngestGapWithoutReplay(t *testing.T) {
 	p.lose(1, storeChild(t, toks, 1))
 	p.pub(2, storeChild(t, toks, 2))
 	s := waitStats(t, ing, "seq 2", seqIs(2))
-	if s.Gaps != 1 || s.Clears != 1 || !s.Resyncing || s.Orphans != 1 || s.Replays != 0 {
+	if s.Gaps != 1 || s.Clears != 2 || !s.Resyncing || s.Orphans != 1 || s.Replays != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
@@ -349,7 +349,7 @@ func TestIngestGapWithReplay(t *testing.T) {
 	if l := p.wait(p.replays, "replay request"); l != "replay 1" {
 		t.Fatalf("replay request %q, want from seq 1", l)
 	}
-	if s.Gaps != 1 || s.Replays != 1 || s.Clears != 0 || s.Resyncing || s.Orphans != 0 {
+	if s.Gaps != 1 || s.Replays != 1 || s.Clears != 1 || s.Resyncing || s.Orphans != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 3 {
@@ -365,7 +365,7 @@ func TestIngestGapWithReplay(t *testing.T) {
 	p.do("clearbuf")
 	p.pub(5, storeChild(t, toks, 5))
 	s = waitStats(t, ing, "seq 5", seqIs(5))
-	if s.Gaps != 2 || s.ReplayFailures != 1 || s.Clears != 1 || !s.Resyncing {
+	if s.Gaps != 2 || s.ReplayFailures != 1 || s.Clears != 2 || !s.Resyncing {
 		t.Fatalf("stats %+v", s)
 	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
@@ -385,7 +385,7 @@ func TestIngestRestartAtZero(t *testing.T) {
 	_, o0 := storeRoot(t, other)
 	p.pub(0, o0) // the engine restarted
 	s := waitStats(t, ing, "restart", func(s Stats) bool { return s.Restarts == 1 && s.Batches == 3 })
-	if s.Clears != 1 || s.LastSeq != 0 || s.Gaps != 0 {
+	if s.Clears != 2 || s.LastSeq != 0 || s.Gaps != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
@@ -526,5 +526,27 @@ func TestIngestCatchUp(t *testing.T) {
 				t.Fatalf("without replay: %d blocks; stats %+v", g, s)
 			}
 		})
+	}
+}
+
+// TestIngestStartsClean: entries another ingester left for the endpoint are dropped on the first message,
+// since their engine hashes cannot be resolved.
+func TestIngestStartsClean(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	stale := kvstore.Hasher{Seed: 7}.Keys(tokens(1, 32), 16, kvstore.ExtraKeys{})
+	if err := idx.Add(context.Background(), testModel, "e0", kvstore.TierGPU, stale); err != nil {
+		t.Fatal(err)
+	}
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, b := storeRoot(t, tokens(100, 16))
+	ing.handle(context.Background(), 41, b)
+	if g, _ := match(t, idx, tokens(1, 32), kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("stale entries kept: %d", g)
+	}
+	if g, _ := match(t, idx, tokens(100, 16), kvstore.ExtraKeys{}); g != 1 {
+		t.Fatalf("first batch not applied: %d", g)
 	}
 }
