@@ -7,8 +7,14 @@ import (
 	"testing"
 )
 
+var policyCacheDir string
+
 func runPolicy(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	if policyCacheDir == "" {
+		policyCacheDir = t.TempDir() // shared by the calls of one test: the built-in compiles once
+	}
+	args = append([]string{"--cache-dir", policyCacheDir}, args...)
 	cmd := newPolicyCmd()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
@@ -19,6 +25,7 @@ func runPolicy(t *testing.T, args ...string) (string, error) {
 }
 
 func TestPolicyValidate(t *testing.T) {
+	policyCacheDir = ""
 	out, err := runPolicy(t, "validate", "../../plugins/testdata/good.wasm")
 	if err != nil || !strings.HasPrefix(out, "ACCEPTED good@") || !strings.Contains(out, "sample hot-endpoint-idle-owner") {
 		t.Fatalf("good: %v\n%s", err, out)
@@ -34,6 +41,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestPolicyBench(t *testing.T) {
+	policyCacheDir = ""
 	out, err := runPolicy(t, "bench", "--endpoints", "8", "--calls", "200", "../../plugins/testdata/good.wasm")
 	if err != nil {
 		t.Fatal(err)
