@@ -45,3 +45,19 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLoad feeds arbitrary bytes to the tokenizer.json parser (New): it must return a tokenizer or an error,
+// never panic, and a tokenizer it returns must encode and decode without panicking. Seeds:
+// testdata/fuzz/FuzzLoad (small valid files of each supported shape and broken variants).
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tk, err := New(data, nil)
+		if err != nil {
+			return
+		}
+		ids := tk.Encode("ab ab\n<x> é", true)
+		tk.Decode(ids)
+		tk.Decode([]uint32{0, 1, 2, 1 << 31})
+	})
+}

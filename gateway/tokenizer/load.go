@@ -96,6 +96,9 @@ type modelJSON struct {
 	Merges                  json.RawMessage `json:"merges"`
 }
 
+// maxVocabID bounds vocab IDs (the largest real vocabularies hold about 2^18 tokens).
+const maxVocabID = 1 << 24
+
 // typed reads the "type" member of a component.
 type typed struct {
 	Type string `json:"type"`
@@ -225,6 +228,10 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	})
 	if err != nil {
 		return fmt.Errorf("tokenizer: model.vocab: %w", err)
+	}
+	// IDs index dense tables: refuse a sparse vocab that would make them huge.
+	if len(vb.ents) > 0 && vb.maxID >= maxVocabID {
+		return fmt.Errorf("tokenizer: model.vocab: ID %d is too large (limit %d)", vb.maxID, maxVocabID-1)
 	}
 	b.vocab = vb.build()
 	if byteLevel {

@@ -173,3 +173,40 @@ func TestLoadErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallMetaspaceFile exercises Prepend/Replace normalizers, byte_fallback, unk with fuse_unk and
+// TemplateProcessing on a hand-made Llama-2-shaped file (the fuzz seed), where the expected IDs follow
+// from HF's semantics and were confirmed with HF's tokenizers 0.23.2 on the same file.
+func TestSmallMetaspaceFile(t *testing.T) {
+	const file = `{"added_tokens":[{"id":1,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],` +
+		`"normalizer":{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]},` +
+		`"pre_tokenizer":null,"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"pair":[{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],` +
+		`"special_tokens":{"<s>":{"id":"<s>","ids":[1],"tokens":["<s>"]}}},` +
+		`"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]},` +
+		`"model":{"type":"BPE","unk_token":"<unk>","fuse_unk":true,"byte_fallback":true,"vocab":{"<unk>":0,"<s>":1,"<0x41>":2,"▁":3,"a":4,"▁a":5},"merges":["▁ a"]}}`
+	tk, err := New([]byte(file), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		text    string
+		special bool
+		want    []uint32
+	}{
+		{"a a", false, []uint32{5, 5}},             // "▁a▁a": the merge applies at both places
+		{"a a", true, []uint32{1, 5, 5}},           // BOS from TemplateProcessing
+		{"A", false, []uint32{3, 2}},               // "▁" then byte fallback <0x41>
+		{"ZZa", false, []uint32{3, 0, 4}},          // two unknown characters fuse into one <unk>
+		{"<s>a", false, []uint32{1, 5}},            // Prepend applies to the text after the added token
+		{"", true, []uint32{1}},                    // empty text still gets BOS
+		{"aZ<s>Z", false, []uint32{5, 0, 1, 3, 0}}, // unk runs do not fuse across an added token
+	}
+	for _, c := range cases {
+		if got := tk.Encode(c.text, c.special); !slices.Equal(got, c.want) {
+			t.Errorf("Encode(%q, %v) = %v, want %v", c.text, c.special, got, c.want)
+		}
+	}
+	if got := tk.Decode([]uint32{5, 5, 3, 2}); got != "a a A" {
+		t.Errorf("Decode = %q, want %q", got, "a a A")
+	}
+}
