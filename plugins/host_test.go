@@ -479,3 +479,66 @@ func TestCallTreeInterpreterKeepsGCRunning(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestFallbackLoggedOncePerBurst: five fallbacks in a burst give one log record; the next record, after
+// the interval, reports how many were not logged.
+func TestFallbackLoggedOncePerBurst(t *testing.T) {
+	var buf syncBuffer
+	h := newTestHost(t, Options{Logger: slog.New(slog.NewTextHandler(&buf, nil)), LogBurstInterval: 200 * time.Millisecond})
+	activateBomb(t, h, "m", "bomb-log")
+	for range 5 {
+		h.Rank(context.Background(), "m", bombSnapshot(1005))
+	}
+	if n := strings.Count(buf.String(), "policy fell back"); n != 1 {
+		t.Fatalf("%d records in a burst:\n%s", n, buf.String())
+	}
+	time.Sleep(250 * time.Millisecond)
+	h.Rank(context.Background(), "m", bombSnapshot(1005))
+	if out := buf.String(); strings.Count(out, "policy fell back") != 2 || !strings.Contains(out, "suppressed=4") ||
+		!strings.Contains(out, "reason=guest_error") || !strings.Contains(out, "code=-7") {
+		t.Fatalf("log:\n%s", out)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestMemoryLimit: a Go module declares 38 pages and its runtime grows memory while it starts (40 pages
+// end in "pageAlloc: out of memory"), so under a 16-page limit the host does not start; under 128 it
+// does and small modules load.
+func TestMemoryLimit(t *testing.T) {
+	if _, err := New(context.Background(), Options{MemoryLimitPages: 16, CacheDir: testCacheDir, Logger: quietLogger()}); err == nil {
+		t.Fatal("host started with a 16-page limit")
+	}
+	h := newTestHost(t, Options{MemoryLimitPages: 128, Logger: quietLogger()})
+	big := readWasm(t, "good") // 1 page: fits
+	if _, _, err := h.Load("small", big); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCapWriter(t *testing.T) {
+	w := &capWriter{limit: 8}
+	for _, s := range []string{"hello ", "world", "!"} {
+		if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatal(n, err)
+		}
+	}
+	if w.String() != "hello wo" || w.dropped != 4 {
+		t.Fatalf("%q dropped %d", w.String(), w.dropped)
+	}
+}
