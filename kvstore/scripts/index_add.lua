@@ -1,12 +1,10 @@
 -- Add. KEYS[1]: the endpoint's reverse SET; KEYS[2..]: block keys. ARGV[1]: endpoint; ARGV[2]: tier bit;
 -- ARGV[3..]: block IDs (hex), one per block key.
 local ep, bit = ARGV[1], tonumber(ARGV[2])
-for i = 2, #KEYS do
-  update(KEYS[i], ep, function(v)
-    v = live(v or 0)
-    if math.floor((v % 4) / bit) % 2 == 0 then return v + bit end
-    return v
-  end)
-  redis.call('SADD', KEYS[1], ARGV[i + 1])
-end
+update(KEYS, 2, ep, function(v)
+  v = live(v or 0)
+  if math.floor((v % 4) / bit) % 2 == 0 then return v + bit end
+  return v
+end)
+for c = 3, #ARGV, 1000 do redis.call('SADD', KEYS[1], unpack(ARGV, c, math.min(c + 999, #ARGV))) end
 return #KEYS - 1

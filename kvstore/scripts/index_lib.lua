@@ -9,26 +9,38 @@ local function parse(s)
   end
   return r
 end
-local function store(key, r)
-  if #r == 0 then redis.call('DEL', key); return end
+local function encode(r)
   local parts = {}
   for i, e in ipairs(r) do parts[i] = e[1] .. '\t' .. string.format('%.0f', e[2]) .. '\n' end
-  redis.call('SET', key, table.concat(parts))
+  return table.concat(parts)
 end
--- update applies f(v or nil) -> new v (0 or nil drops the record) to ep's record of block key.
-local function update(key, ep, f)
-  local r = parse(redis.call('GET', key))
-  for i, e in ipairs(r) do
-    if e[1] == ep then
-      local nv = f(e[2])
-      if nv == e[2] then return end
-      if nv and nv > 0 then e[2] = nv else table.remove(r, i) end
-      store(key, r)
-      return
+-- update applies f(v or nil, i) -> new v (0 or nil drops the record) to ep's record in each block key
+-- keys[from..], i counting from 1. Reads with one MGET and writes with one MSET and one DEL per chunk of
+-- 1000 keys.
+local function update(keys, from, ep, f)
+  for c = from, #keys, 1000 do
+    local last = math.min(c + 999, #keys)
+    local vals = redis.call('MGET', unpack(keys, c, last))
+    local mset, dels = {}, {}
+    for k = c, last do
+      local r = parse(vals[k - c + 1])
+      local pos, old = nil, nil
+      for j, e in ipairs(r) do
+        if e[1] == ep then pos, old = j, e[2]; break end
+      end
+      local nv = f(old, k - from + 1)
+      if nv ~= old and not (old == nil and (nv == nil or nv <= 0)) then
+        if nv and nv > 0 then
+          if pos then r[pos][2] = nv else r[#r + 1] = {ep, nv} end
+        else
+          table.remove(r, pos)
+        end
+        if #r == 0 then dels[#dels + 1] = keys[k] else mset[#mset + 1] = keys[k]; mset[#mset + 1] = encode(r) end
+      end
     end
+    if #mset > 0 then redis.call('MSET', unpack(mset)) end
+    if #dels > 0 then redis.call('DEL', unpack(dels)) end
   end
-  local nv = f(nil)
-  if nv and nv > 0 then r[#r + 1] = {ep, nv}; store(key, r) end
 end
 -- live drops an expired speculative part of v.
 local function live(v)
