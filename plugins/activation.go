@@ -283,7 +283,9 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
 		return nil, ReasonAbandonLimit, 0, false
 	}
-	cctx, cancel := context.WithTimeout(ctx, h.opts.CallTimeout)
+	// The deadline is the host's own: a caller's cancellation (client gone) must not count as the
+	// policy's miss, and the caller waits at most CallTimeout anyway.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.CallTimeout)
 	defer cancel()
 	inst, retired := a.acquire(cctx.Done())
 	if inst == nil {
@@ -291,6 +293,10 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 			return nil, ReasonNone, 0, true
 		}
 		return nil, ReasonTimeout, 0, false
+	}
+	c, reason, broken := inst.prepare(s)
+	if reason != ReasonNone {
+		return a.settle(inst, nil, reason, 0, broken)
 	}
 	type result struct {
 		out    []int
@@ -301,7 +307,7 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 	done := make(chan result, 1)
 	var state atomicState
 	go func() {
-		out, reason, code, broken := inst.run(cctx, s)
+		out, reason, code, broken := inst.invoke(cctx, c)
 		if state.finish() {
 			done <- result{out, reason, code, broken}
 			return
@@ -373,21 +379,51 @@ func abandonedAt(ctx context.Context) time.Time {
 	return d
 }
 
-// run encodes s, calls choose and checks the ranking. broken means the instance must be discarded.
-func (i *instance) run(ctx context.Context, s *Snapshot) (out []int, reason Reason, code int32, broken bool) {
+// call is one prepared guest call: the snapshot already encoded into the instance's buffer. Only the
+// goroutine running invoke touches it afterwards, so an abandoned call never reads the caller's
+// snapshot.
+type call struct {
+	size       int  // encoded bytes
+	n          int  // endpoints
+	anyHealthy bool // an empty ranking is invalid when true
+}
+
+// prepare encodes s into the instance's buffer (on the caller's goroutine).
+func (i *instance) prepare(s *Snapshot) (call, Reason, bool) {
 	n := len(s.Endpoints)
-	need := sdk.EncodedSize(n)
-	if need > int(i.bufCap) || 4*n > int(i.bufCap) {
-		return nil, ReasonTooLarge, 0, false
+	c := call{size: sdk.EncodedSize(n), n: n}
+	if c.size > int(i.bufCap) || 4*n > int(i.bufCap) {
+		return c, ReasonTooLarge, false
 	}
-	view, ok := i.mem.Read(i.buf, uint32(need))
+	view, ok := i.mem.Read(i.buf, uint32(c.size))
 	if !ok {
-		return nil, ReasonTrap, 0, true
+		return c, ReasonTrap, true
 	}
 	if _, err := sdk.EncodeSnapshot(view, s); err != nil {
-		return nil, ReasonTooLarge, 0, false
+		return c, ReasonTooLarge, false
 	}
-	i.stack[0] = api.EncodeI32(int32(need))
+	for k := range s.Endpoints {
+		if s.Endpoints[k].Healthy() {
+			c.anyHealthy = true
+			break
+		}
+	}
+	return c, ReasonNone, false
+}
+
+// run encodes s, calls choose and checks the ranking. broken means the instance must be discarded.
+func (i *instance) run(ctx context.Context, s *Snapshot) (out []int, reason Reason, code int32, broken bool) {
+	c, reason, broken := i.prepare(s)
+	if reason != ReasonNone {
+		return nil, reason, 0, broken
+	}
+	return i.invoke(ctx, c)
+}
+
+// invoke calls choose on a prepared buffer and checks the ranking.
+func (i *instance) invoke(ctx context.Context, c call) (out []int, reason Reason, code int32, broken bool) {
+	n := c.n
+	i.stack[0] = api.EncodeI32(int32(c.size))
 	if err := i.choose.CallWithStack(ctx, i.stack); err != nil {
 		var ee *sys.ExitError
 		if errors.As(err, &ee) && (ee.ExitCode() == sys.ExitCodeDeadlineExceeded || ee.ExitCode() == sys.ExitCodeContextCanceled) {
@@ -420,12 +456,8 @@ func (i *instance) run(ctx context.Context, s *Snapshot) (out []int, reason Reas
 		seen[v] = true
 		out[k] = int(v)
 	}
-	if count == 0 {
-		for k := range s.Endpoints {
-			if s.Endpoints[k].Healthy() {
-				return nil, ReasonInvalid, 0, false
-			}
-		}
+	if count == 0 && c.anyHealthy {
+		return nil, ReasonInvalid, 0, false
 	}
 	return out, ReasonNone, 0, false
 }

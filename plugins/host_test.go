@@ -542,3 +542,20 @@ func TestCapWriter(t *testing.T) {
 		t.Fatalf("%q dropped %d", w.String(), w.dropped)
 	}
 }
+
+// TestCallerCancellationIsNotAMiss: a request whose context is already cancelled (client gone) is still
+// answered by the policy within the host's own deadline and counts no miss.
+func TestCallerCancellationIsNotAMiss(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), MaxConsecutiveMisses: 1})
+	_, bomb := activateBomb(t, h, "m", "bomb-cancel")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 3 {
+		if got, info := h.Rank(ctx, "m", bombSnapshot(7)); info.Fallback || !slices.Equal(got, []int{0, 1, 2}) {
+			t.Fatalf("%v %+v", got, info)
+		}
+	}
+	if v, _ := h.Active("m"); v != bomb {
+		t.Fatalf("active %s", v)
+	}
+}

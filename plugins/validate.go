@@ -239,8 +239,12 @@ func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *
 	}
 	done := make(chan result, 1)
 	var state atomicState
+	c, reason, _ := inst.prepare(s)
+	if reason != ReasonNone {
+		return nil, reason, 0
+	}
 	go func() {
-		out, reason, code, _ := inst.run(cctx, s)
+		out, reason, code, _ := inst.invoke(cctx, c)
 		if state.finish() {
 			done <- result{out, reason, code}
 			return
