@@ -97,6 +97,8 @@ type Stats struct {
 	LastSeq uint64
 	// Lag is the receive time minus the batch timestamp of the last applied batch.
 	Lag time.Duration
+	// LastBatchAt is when the last batch was applied (IngesterConfig.Now); zero before the first.
+	LastBatchAt time.Time
 	// Resyncing is set when entries were dropped after an unrepaired gap; cleared by AllBlocksCleared or an
 	// engine restart (the picture is complete again).
 	Resyncing bool
@@ -435,13 +437,15 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
 		in.event(ctx, ev, &c)
 	}
 	in.flush(ctx, &c)
-	lag := in.cfg.Now().Sub(time.Unix(0, int64(b.TS*1e9)))
+	now := in.cfg.Now()
+	lag := now.Sub(time.Unix(0, int64(b.TS*1e9)))
 	in.bump(func(s *Stats) {
 		s.HaveSeq, s.LastSeq = true, seq
 		s.Batches++
 		s.Events += uint64(len(b.Events))
 		s.SkippedEvents += uint64(b.Skipped)
 		s.Lag = lag
+		s.LastBatchAt = now
 		c.addTo(s)
 		s.MappedHashes = len(in.hashes)
 	})
