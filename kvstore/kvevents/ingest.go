@@ -44,6 +44,10 @@ type IngesterConfig struct {
 	BackoffMin, BackoffMax time.Duration
 	// ReplayTimeout bounds one replay exchange; 0 = 2 s.
 	ReplayTimeout time.Duration
+	// KVCacheGroup is the KV-cache group whose events are indexed (vLLM's group_idx, hybrid models: one group
+	// per attention type, each with its own block hashes for the same tokens). Events of other groups are
+	// counted in Stats.OtherGroupEvents and ignored; events without group_idx always apply. Default 0.
+	KVCacheGroup int
 	// RemovedMemory is how many engine hashes whose last tier removed them stay resolvable (0 = 4096), so a
 	// token-less placeholder that follows the removal (vLLM appends the offload connector's events after the
 	// KV manager's in the same batch) still finds its block key.
@@ -88,6 +92,8 @@ type Stats struct {
 	// Unresolved counts hashes of token-less (placeholder) BlockStored events that map to no known block;
 	// UnknownRemoved hashes of BlockRemoved that do; UnknownMedium events with a medium other than GPU/CPU.
 	Unresolved, UnknownRemoved, UnknownMedium uint64
+	// OtherGroupEvents counts events of KV-cache groups other than IngesterConfig.KVCacheGroup (ignored).
+	OtherGroupEvents uint64
 	// KeyConflicts counts engine hashes announced again with token IDs that give a different block key.
 	KeyConflicts uint64
 	// IndexErrors counts failed Index calls.
@@ -454,7 +460,7 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
 // applyCounts gathers one batch's counters so Stats is locked once per batch.
 type applyCounts struct {
 	blocks, blockSizeErrors, badEvents, orphans, unresolved, unknownRemoved, unknownMedium, conflicts,
-	indexErrors, clears uint64
+	indexErrors, clears, otherGroups uint64
 	cleared bool
 }
 
@@ -467,6 +473,7 @@ func (c *applyCounts) addTo(s *Stats) {
 	s.UnknownRemoved += c.unknownRemoved
 	s.UnknownMedium += c.unknownMedium
 	s.KeyConflicts += c.conflicts
+	s.OtherGroupEvents += c.otherGroups
 	s.IndexErrors += c.indexErrors
 	s.Clears += c.clears
 	if c.cleared {
@@ -491,6 +498,10 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 	case BlockStored:
 		in.stored(ctx, &e, c)
 	case BlockRemoved:
+		if e.GroupIdx != nil && *e.GroupIdx != in.cfg.KVCacheGroup {
+			c.otherGroups++
+			return
+		}
 		tier, ok := tierOf(e.Medium)
 		if !ok {
 			c.unknownMedium++
@@ -531,6 +542,10 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 }
 
 func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) {
+	if e.GroupIdx != nil && *e.GroupIdx != in.cfg.KVCacheGroup {
+		c.otherGroups++
+		return
+	}
 	tier, ok := tierOf(e.Medium)
 	if !ok {
 		c.unknownMedium++

@@ -550,3 +550,24 @@ func TestIngestStartsClean(t *testing.T) {
 		t.Fatalf("first batch not applied: %d", g)
 	}
 }
+
+// TestIngestKVCacheGroups: a hybrid model announces the same tokens once per KV-cache group with different
+// hashes; only the configured group is indexed, so one group's eviction does not remove the other's blocks.
+func TestIngestKVCacheGroups(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := tokens(1, 32)
+	g0 := BlockStored{BlockHashes: []EngineHash{1, 2}, TokenIDs: toks, BlockSize: 16, Medium: "GPU", GroupIdx: ptr(0)}
+	g1 := BlockStored{BlockHashes: []EngineHash{11, 12}, TokenIDs: toks, BlockSize: 16, Medium: "GPU", GroupIdx: ptr(1)}
+	evict := BlockRemoved{BlockHashes: []EngineHash{11}, Medium: "GPU", GroupIdx: ptr(1)} // sliding window drops block 0
+	ing.handle(context.Background(), 0, mustEncode(t, batch(g0, g1, evict), LayoutArrayLast, HashUint))
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 2 {
+		t.Fatalf("group 0 blocks: %d, want 2", g)
+	}
+	if s := ing.Stats(); s.OtherGroupEvents != 2 || s.Blocks != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+}
