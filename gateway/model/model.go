@@ -92,14 +92,14 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		prompt = strings.ToValidUTF8(prompt, "\uFFFD")
 	}
 	var out []uint32
-	base := 0
+	var used *prefixEntry
+	base, baseIDs := 0, 0
 	var h uint64
 	if len(prompt) >= headBytes {
 		h = m.prefixes.head(prompt)
-		if used := m.prefixes.longest(h, prompt); used != nil {
-			base = len(used.text)
-			out = make([]uint32, len(used.ids), len(used.ids)+(len(prompt)-base)/2+16)
-			copy(out, used.ids)
+		if used, base = m.prefixes.longest(h, prompt); used != nil {
+			out = used.appendIDs(make([]uint32, 0, used.total+(len(prompt)-base)/2+16))
+			baseIDs = len(out)
 		}
 	}
 	if out == nil {
@@ -128,7 +128,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		}
 	})
 	if lastStable >= headBytes {
-		m.prefixes.put(h, prompt[:lastStable], append([]uint32(nil), out[:lastStableIDs]...), len(prompt))
+		m.prefixes.put(h, prompt[:lastStable], used, append([]uint32(nil), out[baseIDs:lastStableIDs]...), len(prompt))
 	}
 	return out
 }

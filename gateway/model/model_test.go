@@ -331,3 +331,39 @@ func TestLoadWithoutTemplate(t *testing.T) {
 		t.Errorf("EncodeCompletion = %v", got)
 	}
 }
+
+// TestPrefixCacheBranchesAndEviction drives the prefix cache through a long conversation (deeper than
+// maxChain, so chains get flattened), branches (an edited earlier turn, a regenerated answer) and a cache
+// small enough to evict: every result must equal plain Encode.
+func TestPrefixCacheBranchesAndEviction(t *testing.T) {
+	tk := loadTok(t, modelDir(t, "qwen3"))
+	text := benchText(t)
+	var turns []string
+	for off := 0; len(turns) < 2*maxChain+10; off += 300 {
+		turns = append(turns, strings.ToValidUTF8(text[off:off+300], ""))
+	}
+	// The second limit leaves room for two or three prefixes per shard, so entries get evicted.
+	for _, limit := range []int{DefaultPrefixCacheBytes, prefixShards * 150 << 10} {
+		md := New(tk, nil)
+		md.prefixes = newPrefixCache(limit)
+		check := func(what string, p string) {
+			t.Helper()
+			if got, want := md.EncodePrompt(p), tk.Encode(p, false); !slices.Equal(got, want) {
+				t.Fatalf("limit %d, %s: EncodePrompt differs from Encode (%d vs %d IDs)", limit, what, len(got), len(want))
+			}
+		}
+		step := 1
+		if testing.Short() {
+			step = 7
+		}
+		for k := 1; k <= len(turns); k += step {
+			check(fmt.Sprintf("turn %d", k), chatML(turns[:k]))
+		}
+		edited := slices.Clone(turns)
+		edited[len(edited)/2] = "an edited message in the middle"
+		check("edited middle turn", chatML(edited))
+		check("regenerated last answer", chatML(append(slices.Clone(turns[:len(turns)-1]), "another answer")))
+		check("same prompt again", chatML(turns))
+		check("original after branch", chatML(turns))
+	}
+}

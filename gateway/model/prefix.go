@@ -34,12 +34,15 @@ type prefixShard struct {
 }
 
 type prefixEntry struct {
-	head uint64
-	text string   // the prefix (a substring of the prompt it came from)
-	ids  []uint32 // its token IDs; never modified after insertion
-	size int
-	used uint64 // shard clock at the last hit or insertion
-	el   *list.Element
+	head   uint64
+	text   string       // the prefix (a substring of the prompt it came from); "" once evicted
+	parent *prefixEntry // the shorter prefix this one extends, nil for a root
+	delta  []uint32     // the IDs after the parent's; never modified after insertion
+	total  int          // number of IDs of the whole prefix
+	depth  int          // number of ancestors
+	size   int
+	used   uint64 // shard clock at the last hit or insertion
+	el     *list.Element
 }
 
 func newPrefixCache(limitBytes int) *prefixCache {
@@ -54,30 +57,63 @@ func newPrefixCache(limitBytes int) *prefixCache {
 // head returns the lookup hash of a prompt of at least headBytes bytes.
 func (c *prefixCache) head(prompt string) uint64 { return maphash.String(c.seed, prompt[:headBytes]) }
 
-// longest returns the longest cached prefix of prompt, or nil.
-func (c *prefixCache) longest(h uint64, prompt string) *prefixEntry {
+// maxChain bounds how many entries one prefix's IDs are spread over; a deeper one is stored whole.
+const maxChain = 64
+
+// appendIDs appends the IDs of the whole prefix (the deltas from the root down) to dst.
+func (e *prefixEntry) appendIDs(dst []uint32) []uint32 {
+	var buf [maxChain + 1]*prefixEntry
+	chain := buf[:0]
+	for x := e; x != nil; x = x.parent {
+		chain = append(chain, x)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		dst = append(dst, chain[i].delta...)
+	}
+	return dst
+}
+
+// longest returns the longest cached prefix of prompt and its length in bytes, or nil.
+func (c *prefixCache) longest(h uint64, prompt string) (*prefixEntry, int) {
 	sh := &c.shards[h%prefixShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	var best *prefixEntry
 	for _, e := range sh.byHead[h] {
-		if len(e.text) <= len(prompt) && (best == nil || len(e.text) > len(best.text)) && prompt[:len(e.text)] == e.text {
-			best = e
+		n := len(e.text)
+		if n > len(prompt) || (best != nil && n <= len(best.text)) {
+			continue
 		}
+		if !sameText(prompt[:n], e.text) {
+			continue
+		}
+		best = e
 	}
-	if best != nil {
-		sh.order.MoveToFront(best.el)
-		sh.clock++
-		best.used = sh.clock
+	if best == nil {
+		return nil, 0
 	}
-	return best
+	sh.order.MoveToFront(best.el)
+	sh.clock++
+	best.used = sh.clock
+	return best, len(best.text)
 }
 
-// put stores a prefix of a prompt that keeps retained bytes alive. The shorter prefixes of the same
-// conversation stay (up to maxPerHead, least recently used out first) so that a branch (an edited or
-// regenerated turn) still finds its common prefix.
-func (c *prefixCache) put(h uint64, text string, ids []uint32, retained int) {
-	e := &prefixEntry{head: h, text: text, ids: ids, size: retained + 4*len(ids) + 128}
+// put stores a prefix of a prompt that keeps retained bytes alive: parent (may be nil) is the cached prefix
+// it extends and delta the IDs after the parent's. The shorter prefixes of the same conversation stay (up to
+// maxPerHead, least recently used out first) so that a branch (an edited or regenerated turn) still finds
+// its common prefix.
+func (c *prefixCache) put(h uint64, text string, parent *prefixEntry, delta []uint32, retained int) {
+	e := &prefixEntry{head: h, text: text, parent: parent, delta: delta, total: len(delta)}
+	if parent != nil {
+		e.total += parent.total
+		e.depth = parent.depth + 1
+		if e.depth >= maxChain { // flatten
+			e.delta = e.appendIDs(make([]uint32, 0, e.total))
+			e.parent, e.depth = nil, 0
+		}
+	}
+	// Account for the whole prefix's IDs: evicted ancestors stay reachable through parent.
+	e.size = retained + 4*e.total + 128
 	sh := &c.shards[h%prefixShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -88,7 +124,7 @@ func (c *prefixCache) put(h uint64, text string, ids []uint32, retained int) {
 	e.used = sh.clock
 	list := sh.byHead[h]
 	for _, old := range list {
-		if old.text == text {
+		if sameText(old.text, text) {
 			return // a concurrent request stored it already
 		}
 	}
@@ -122,7 +158,18 @@ func (sh *prefixShard) remove(e *prefixEntry) {
 			}
 			sh.order.Remove(e.el)
 			sh.bytes -= e.size
+			e.text = "" // its prompt may be freed; descendants only need its delta
 			return
 		}
 	}
+}
+
+// sameText is a == b comparing the last 256 bytes first: prefixes of one conversation's branches share all
+// but their ends, so a mismatch is found without comparing the whole prompt.
+func sameText(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	k := len(a) - min(len(a), 256)
+	return a[k:] == b[k:] && a[:k] == b[:k]
 }
