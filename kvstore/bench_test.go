@@ -7,10 +7,13 @@ package kvstore_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +30,13 @@ const (
 	benchPromptTok = 2048 // 128 blocks
 	benchEndpoints = 16
 )
+
+// benchEventBlocks is the blocks per BlockStored event in the Redis ingestion benchmark (-event-blocks).
+var benchEventBlocks = 16
+
+func init() {
+	flag.IntVar(&benchEventBlocks, "event-blocks", 16, "blocks per event in BenchmarkRedisIngest (divides 128)")
+}
 
 type benchFixture struct {
 	hasher  kvstore.Hasher
@@ -282,9 +292,13 @@ func redisIndex(b *testing.B) (*kvstore.RedisIndex, *benchFixture) {
 	return idx, f
 }
 
-// redisAddAll ingests the fixture into Redis from `workers` goroutines (events of 16 blocks) and returns
-// the number of blocks written.
+// redisAddAll ingests the fixture into Redis from `workers` goroutines (events of 16 blocks, or
+// benchEventBlocks) and returns the number of blocks written.
 func redisAddAll(b *testing.B, idx kvstore.Index, f *benchFixture, workers int) int {
+	ev := benchEventBlocks
+	if ev <= 0 || 128%ev != 0 {
+		ev = 16
+	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -293,8 +307,8 @@ func redisAddAll(b *testing.B, idx kvstore.Index, f *benchFixture, workers int) 
 		wg.Go(func() {
 			n := 0
 			for p := w; p < len(f.keys); p += workers {
-				for part := range 8 {
-					ks := f.keys[p][part*16 : part*16+16]
+				for part := range 128 / ev {
+					ks := f.keys[p][part*ev : part*ev+ev]
 					for _, ep := range f.holders[p] {
 						if err := idx.Add(ctx, "bench-model", ep, kvstore.TierGPU, ks); err != nil {
 							b.Error(err)
@@ -320,6 +334,10 @@ func BenchmarkRedisMatch128(b *testing.B) {
 	ctx := context.Background()
 	var lat p50
 	i := 0
+	cpu0 := redisCPU(b, redisClientOf(b, idx))
+	defer func() {
+		b.ReportMetric((redisCPU(b, redisClientOf(b, idx))-cpu0)/float64(b.N)*1e6, "redis-cpu-µs/op")
+	}()
 	for b.Loop() {
 		ks := f.keys[i%len(f.keys)]
 		t0 := time.Now()
@@ -354,15 +372,18 @@ func BenchmarkRedisKeysAndMatch128(b *testing.B) {
 }
 
 // BenchmarkRedisIngest reports the rate at which the 1 M-key fixture (about 2 M block holds) went into
-// Redis: 8 concurrent writers, one EVALSHA per 16-block event per holder.
+// Redis: 8 concurrent writers, one EVALSHA per event (16 blocks; -event-blocks=N to change) per holder.
 func BenchmarkRedisIngest(b *testing.B) {
 	f := getFixture()
 	for b.Loop() {
 		srv := redistest.Start(b)
 		idx, _ := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{Prefix: "ingest"})
+		c := srv.Client(b)
+		cpu0 := redisCPU(b, c)
 		t0 := time.Now()
 		n := redisAddAll(b, idx, f, 8)
 		b.ReportMetric(float64(n)/time.Since(t0).Seconds()/1e3, "k-blocks/s")
+		b.ReportMetric(float64(n)/(redisCPU(b, c)-cpu0)/1e3, "k-blocks/redis-cpu-s")
 		srv.Stop()
 	}
 }
@@ -412,4 +433,27 @@ func BenchmarkRedisMGET128(b *testing.B) {
 		i += 7919
 	}
 	lat.report(b)
+}
+
+// redisCPU returns the server's used CPU seconds (user + system, all threads) from INFO cpu, so figures
+// can be stated per Redis CPU-second, independent of how loaded the shared machine is.
+func redisCPU(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	total := 0.0
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += x
+			}
+		}
+	}
+	return total
 }
