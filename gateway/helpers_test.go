@@ -61,7 +61,7 @@ func testEncoder(string) (route.Encoder, error) {
 }
 
 // startSims starts n simulated engines serving "qwen3" with KV events on loopback.
-func startSims(t *testing.T, n int, mod func(*sim.Config)) []*sim.Engine {
+func startSims(t testing.TB, n int, mod func(*sim.Config)) []*sim.Engine {
 	t.Helper()
 	var out []*sim.Engine
 	for range n {
@@ -97,7 +97,7 @@ func simEndpointsYAML(engines []*sim.Engine, maxReq int) string {
 }
 
 // startGateway starts a gateway on a loopback port from YAML; the admin token is "admintok".
-func startGateway(t *testing.T, yaml string) *Gateway {
+func startGateway(t testing.TB, yaml string) *Gateway {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
@@ -139,7 +139,7 @@ models:
 }
 
 // post sends a JSON body and returns status, headers and body.
-func post(t *testing.T, url, body string, hdr ...string) (int, http.Header, []byte) {
+func post(t testing.TB, url, body string, hdr ...string) (int, http.Header, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")

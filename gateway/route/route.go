@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/gateway/endpoints"
 	"github.com/kvgate/kvgate/gateway/metrics"
 	"github.com/kvgate/kvgate/gateway/openai"
@@ -98,6 +100,8 @@ type Router struct {
 	local  *LocalReservations
 
 	seq atomic.Uint64
+	// stage holds the latency observer of each stage, resolved once (WithLabelValues hashes and locks).
+	stage map[string]prometheus.Observer
 
 	down     atomic.Bool
 	downMu   sync.Mutex
@@ -123,7 +127,13 @@ func New(o Options) *Router {
 	if o.NativeConfig == (threetier.Config{}) {
 		o.NativeConfig = threetier.DefaultConfig()
 	}
-	return &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, local: NewLocalReservations(o.StoreDownLimitShare), stop: make(chan struct{})}
+	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, local: NewLocalReservations(o.StoreDownLimitShare),
+		stop: make(chan struct{}), stage: map[string]prometheus.Observer{}}
+	for _, st := range []string{metrics.StageTokenize, metrics.StageKeys, metrics.StageMatch, metrics.StageSnapshot,
+		metrics.StageRank, metrics.StageReserve, metrics.StageRecord} {
+		r.stage[st] = o.Metrics.Stage.WithLabelValues(st)
+	}
+	return r
 }
 
 // Close stops the store probe.
@@ -242,7 +252,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		now := r.o.Now()
 		d := now.Sub(since)
 		p.Stages[name] = d
-		r.o.Metrics.Stage.WithLabelValues(name).Observe(d.Seconds())
+		r.stage[name].Observe(d.Seconds())
 		return now
 	}
 	// 1. tokenize
@@ -390,7 +400,7 @@ func (r *Router) Cost(p *Plan) kvstore.Cost {
 func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*Claim, error) {
 	start := r.o.Now()
 	defer func() {
-		r.o.Metrics.Stage.WithLabelValues(metrics.StageReserve).Observe(r.o.Now().Sub(start).Seconds())
+		r.stage[metrics.StageReserve].Observe(r.o.Now().Sub(start).Seconds())
 	}()
 	ranked := make([]kvstore.Candidate, 0, len(p.Ranking))
 	order := make([]int, 0, len(p.Ranking))
@@ -473,7 +483,7 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	if err := r.o.Index.Record(ctx, p.Model.Name, c.Lease.Endpoint, p.Keys, r.o.SpeculativeTTL); err != nil && ctx.Err() == nil {
 		r.storeFailed("record", err)
 	}
-	r.o.Metrics.Stage.WithLabelValues(metrics.StageRecord).Observe(r.o.Now().Sub(start).Seconds())
+	r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
 }
 
 // Renew extends c's lease by the lease TTL; the server calls it every TTL/3 on long responses.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,10 +84,10 @@ func (failingIndex) Match(context.Context, string, []kvstore.BlockKey) ([]kvstor
 	return nil, errors.New("dial tcp: connection refused")
 }
 
-type downStore struct{ up bool }
+type downStore struct{ up atomic.Bool }
 
 func (d *downStore) Ping(context.Context) error {
-	if d.up {
+	if d.up.Load() {
 		return nil
 	}
 	return errors.New("down")
@@ -163,7 +164,7 @@ func TestStoreDownFallback(t *testing.T) {
 	if r.StoreStatus().LocalInFlight != 0 {
 		t.Fatal("local leases not released")
 	}
-	ds.up = true
+	ds.up.Store(true)
 	deadline := time.Now().Add(2 * time.Second)
 	for r.StoreStatus().Down && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
