@@ -321,23 +321,31 @@ func (r *reader) tokens(where string) ([]uint32, error) {
 		return nil, err
 	}
 	ts := make([]uint32, n)
+	// The common encodings (fixint, uint8, uint16, uint32) are read inline with the offset in a local, the
+	// rest through number().
+	b, off := r.b, r.off
 	for i := range ts {
-		// Inline the common encodings (fixint, uint16, uint32) before the general path.
-		if r.off < len(r.b) {
-			if c := r.b[r.off]; c <= 0x7f {
+		if off+5 <= len(b) {
+			switch c := b[off]; {
+			case c <= 0x7f:
 				ts[i] = uint32(c)
-				r.off++
+				off++
 				continue
-			} else if c == 0xcd && r.off+3 <= len(r.b) {
-				ts[i] = uint32(binary.BigEndian.Uint16(r.b[r.off+1:]))
-				r.off += 3
+			case c == 0xcd:
+				ts[i] = uint32(b[off+1])<<8 | uint32(b[off+2])
+				off += 3
 				continue
-			} else if c == 0xce && r.off+5 <= len(r.b) {
-				ts[i] = binary.BigEndian.Uint32(r.b[r.off+1:])
-				r.off += 5
+			case c == 0xce:
+				ts[i] = binary.BigEndian.Uint32(b[off+1 : off+5])
+				off += 5
+				continue
+			case c == 0xcc:
+				ts[i] = uint32(b[off+1])
+				off += 2
 				continue
 			}
 		}
+		r.off = off
 		v, signed, err := r.number(where)
 		if err != nil {
 			return nil, err
@@ -346,7 +354,9 @@ func (r *reader) tokens(where string) ([]uint32, error) {
 			return nil, r.fail(ErrWrongType, where, "token ID out of uint32 range")
 		}
 		ts[i] = uint32(v)
+		off = r.off
 	}
+	r.off = off
 	return ts, nil
 }
 
