@@ -403,12 +403,13 @@ func TestIngestBadInput(t *testing.T) {
 	p.pub(1, mustHex("93cb41d954fc4020"))                                             // truncated
 	p.pub(2, mustHex("920191"+"95ab426c6f636b53746f726564"+"90c090a131"))             // string block size
 	p.pub(3, mustHex("920192"+"92a3466f6f01"+"91b0416c6c426c6f636b73436c6561726564")) // unknown tag + clear
+	p.pub(4, mustHex("92cb41d954fc40200000ddffffffff"))                               // 4 G events declared
 	p.do("raw 6b76 0001")                                                             // 2 frames, short seq
 	toks := tokens(1, 16)
 	_, b := storeRoot(t, toks)
-	p.pub(4, b)
-	s := waitStats(t, ing, "seq 4", seqIs(4))
-	if s.DecodeErrors != 3 || s.SkippedEvents != 1 || s.BadFrames != 1 || s.Batches != 2 || s.Gaps != 0 {
+	p.pub(5, b)
+	s := waitStats(t, ing, "seq 5", seqIs(5))
+	if s.DecodeErrors != 4 || s.SkippedEvents != 1 || s.BadFrames != 1 || s.Batches != 2 || s.Gaps != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 1 {
