@@ -6,9 +6,9 @@
 // Multi-turn conversations re-send every earlier message on each turn. The tokenizer encodes the text
 // between added tokens (the template's message delimiters such as <|im_start|> and <|im_end|>)
 // independently, so EncodeChat caches at those boundaries, exactly:
-//   - a prefix cache keeps, per conversation (keyed by a hash of the prompt's first 256 bytes and confirmed
-//     by comparing the text), the IDs of the prompt up to its last stable delimiter; the next turn copies
-//     them and only encodes what follows;
+//   - a prefix cache keeps the IDs of each prompt up to its last stable delimiter (keyed by length and a
+//     hash of its end, confirmed by comparing the text); the next turn finds it by probing its own
+//     delimiters from the end backwards, copies the IDs and only encodes what follows;
 //   - a segment cache keeps the IDs of each long run of text between delimiters, for prompts whose prefix
 //     changed (an edited system prompt, a branch).
 //
@@ -88,19 +88,30 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 // EncodePrompt encodes an already rendered prompt without adding special tokens, through the prefix and
 // segment caches. It returns exactly m.Tokenizer().Encode(prompt, false), in a fresh slice.
 func (m *Model) EncodePrompt(prompt string) []uint32 {
-	if !utf8.ValidString(prompt) {
-		prompt = strings.ToValidUTF8(prompt, "\uFFFD")
-	}
 	var out []uint32
 	var used *prefixEntry
 	base, baseIDs := 0, 0
-	var h uint64
-	if len(prompt) >= headBytes {
-		h = m.prefixes.head(prompt)
-		if used, base = m.prefixes.longest(h, prompt); used != nil {
+	if len(prompt) > minPrefix {
+		probes := 0
+		m.tok.AddedTokenEnds(prompt, func(p int) bool {
+			if p < minPrefix || probes == maxProbes {
+				return false
+			}
+			probes++
+			if used = m.prefixes.lookup(prompt, p); used != nil {
+				base = p
+				return false
+			}
+			return true
+		})
+		if used != nil {
 			out = used.appendIDs(make([]uint32, 0, used.total+(len(prompt)-base)/2+16))
 			baseIDs = len(out)
 		}
+	}
+	if !utf8.ValidString(prompt[base:]) {
+		// A cached prefix is valid UTF-8 and ends after a token, so only the rest needs repairing.
+		prompt = prompt[:base] + strings.ToValidUTF8(prompt[base:], "\uFFFD")
 	}
 	if out == nil {
 		// Byte-level BPE averages 3 to 4.5 bytes per token on text; /2 leaves room for code and CJK.
@@ -127,8 +138,8 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 			lastStable, lastStableIDs = base+b, len(out)
 		}
 	})
-	if lastStable >= headBytes {
-		m.prefixes.put(h, prompt[:lastStable], used, append([]uint32(nil), out[baseIDs:lastStableIDs]...), len(prompt))
+	if lastStable >= minPrefix {
+		m.prefixes.put(prompt, lastStable, used, append([]uint32(nil), out[baseIDs:lastStableIDs]...), len(prompt))
 	}
 	return out
 }

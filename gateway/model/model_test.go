@@ -367,3 +367,28 @@ func TestPrefixCacheBranchesAndEviction(t *testing.T) {
 		check("original after branch", chatML(turns))
 	}
 }
+
+// TestConcurrentConversations runs several conversations at once on one Model (shared caches, a long
+// shared system prompt) and checks every turn against plain Encode; run it with -race.
+func TestConcurrentConversations(t *testing.T) {
+	tk := loadTok(t, modelDir(t, "qwen3"))
+	md := New(tk, nil)
+	text := benchText(t)
+	system := strings.ToValidUTF8(text[:600], "")
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			var turns []string
+			off := 10000 + g*50000
+			for k := range 12 {
+				turns = append(turns, strings.ToValidUTF8(text[off+k*400:off+k*400+400], ""))
+				p := "<|im_start|>system\n" + system + "<|im_end|>\n" + chatML(turns)
+				if got, want := md.EncodePrompt(p), tk.Encode(p, false); !slices.Equal(got, want) {
+					t.Errorf("conversation %d turn %d differs", g, k)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -6,10 +6,12 @@ import (
 	"sync"
 )
 
-// prefixCache remembers, per conversation, the IDs of the longest prompt prefix that ended at a stable
-// added-token boundary (tokenizer.SplitAdded). Entries are found by a hash of the prompt's first headBytes
-// bytes and confirmed by comparing the whole prefix text, so a hit is exact. It is a bounded LRU split into
-// shards by that hash.
+// prefixCache remembers the IDs of prompt prefixes that end at a stable added-token boundary
+// (tokenizer.SplitAdded). An entry is keyed by the prefix's length and a hash of its last keyBytes bytes;
+// a lookup probes the token ends of a new prompt from its end backwards (tokenizer.AddedTokenEnds), so the
+// previous turn of a conversation is found after a few probes, and confirms a hit by comparing the whole
+// prefix text, so a hit is exact. Entries extend a parent entry (chains), see RATIONALE.md. It is a
+// bounded LRU split into shards by key.
 type prefixCache struct {
 	seed   maphash.Seed
 	shards [prefixShards]prefixShard
@@ -17,48 +19,49 @@ type prefixCache struct {
 
 const (
 	prefixShards = 16
-	// headBytes is how much of a prompt identifies its conversation for the lookup; prompts (and cached
-	// prefixes) shorter than this are not cached.
-	headBytes = 256
-	// maxPerHead bounds the prefixes kept for one conversation head (branches of the same conversation).
-	maxPerHead = 8
+	// keyBytes is how much of a prefix's end its key hashes.
+	keyBytes = 256
+	// minPrefix is the shortest prefix worth caching, in bytes.
+	minPrefix = 256
+	// maxProbes bounds the token ends a lookup tries before giving up (a prompt the cache has never seen
+	// costs at most this many probes plus a backward byte scan).
+	maxProbes = 64
+	// maxChain bounds how many entries one prefix's IDs are spread over; a deeper one is stored whole.
+	maxChain = 64
 )
 
 type prefixShard struct {
-	mu     sync.Mutex
-	byHead map[uint64][]*prefixEntry
-	order  list.List // of *prefixEntry, front = most recently used
-	bytes  int
-	limit  int
-	clock  uint64 // use stamps for choosing the victim among one head's entries
+	mu    sync.Mutex
+	byKey map[uint64][]*prefixEntry
+	order list.List // of *prefixEntry, front = most recently used
+	bytes int
+	limit int
 }
 
 type prefixEntry struct {
-	head   uint64
+	key    uint64
 	text   string       // the prefix (a substring of the prompt it came from); "" once evicted
 	parent *prefixEntry // the shorter prefix this one extends, nil for a root
 	delta  []uint32     // the IDs after the parent's; never modified after insertion
 	total  int          // number of IDs of the whole prefix
 	depth  int          // number of ancestors
 	size   int
-	used   uint64 // shard clock at the last hit or insertion
 	el     *list.Element
 }
 
 func newPrefixCache(limitBytes int) *prefixCache {
 	c := &prefixCache{seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].byHead = map[uint64][]*prefixEntry{}
+		c.shards[i].byKey = map[uint64][]*prefixEntry{}
 		c.shards[i].limit = limitBytes / prefixShards
 	}
 	return c
 }
 
-// head returns the lookup hash of a prompt of at least headBytes bytes.
-func (c *prefixCache) head(prompt string) uint64 { return maphash.String(c.seed, prompt[:headBytes]) }
-
-// maxChain bounds how many entries one prefix's IDs are spread over; a deeper one is stored whole.
-const maxChain = 64
+// key returns the key of prompt[:n].
+func (c *prefixCache) key(prompt string, n int) uint64 {
+	return maphash.String(c.seed, prompt[n-min(n, keyBytes):n]) ^ uint64(n)*0x9E3779B97F4A7C15
+}
 
 // appendIDs appends the IDs of the whole prefix (the deltas from the root down) to dst.
 func (e *prefixEntry) appendIDs(dst []uint32) []uint32 {
@@ -73,37 +76,26 @@ func (e *prefixEntry) appendIDs(dst []uint32) []uint32 {
 	return dst
 }
 
-// longest returns the longest cached prefix of prompt and its length in bytes, or nil.
-func (c *prefixCache) longest(h uint64, prompt string) (*prefixEntry, int) {
-	sh := &c.shards[h%prefixShards]
+// lookup returns the cached entry for prompt[:n], or nil.
+func (c *prefixCache) lookup(prompt string, n int) *prefixEntry {
+	k := c.key(prompt, n)
+	sh := &c.shards[k%prefixShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	var best *prefixEntry
-	for _, e := range sh.byHead[h] {
-		n := len(e.text)
-		if n > len(prompt) || (best != nil && n <= len(best.text)) {
-			continue
+	for _, e := range sh.byKey[k] {
+		if sameText(prompt[:n], e.text) {
+			sh.order.MoveToFront(e.el)
+			return e
 		}
-		if !sameText(prompt[:n], e.text) {
-			continue
-		}
-		best = e
 	}
-	if best == nil {
-		return nil, 0
-	}
-	sh.order.MoveToFront(best.el)
-	sh.clock++
-	best.used = sh.clock
-	return best, len(best.text)
+	return nil
 }
 
-// put stores a prefix of a prompt that keeps retained bytes alive: parent (may be nil) is the cached prefix
-// it extends and delta the IDs after the parent's. The shorter prefixes of the same conversation stay (up to
-// maxPerHead, least recently used out first) so that a branch (an edited or regenerated turn) still finds
-// its common prefix.
-func (c *prefixCache) put(h uint64, text string, parent *prefixEntry, delta []uint32, retained int) {
-	e := &prefixEntry{head: h, text: text, parent: parent, delta: delta, total: len(delta)}
+// put stores prompt[:n], which keeps retained bytes alive: parent (may be nil) is the cached prefix it
+// extends and delta the IDs after the parent's.
+func (c *prefixCache) put(prompt string, n int, parent *prefixEntry, delta []uint32, retained int) {
+	k := c.key(prompt, n)
+	e := &prefixEntry{key: k, text: prompt[:n], parent: parent, delta: delta, total: len(delta)}
 	if parent != nil {
 		e.total += parent.total
 		e.depth = parent.depth + 1
@@ -114,30 +106,18 @@ func (c *prefixCache) put(h uint64, text string, parent *prefixEntry, delta []ui
 	}
 	// Account for the whole prefix's IDs: evicted ancestors stay reachable through parent.
 	e.size = retained + 4*e.total + 128
-	sh := &c.shards[h%prefixShards]
+	sh := &c.shards[k%prefixShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e.size > sh.limit {
 		return
 	}
-	sh.clock++
-	e.used = sh.clock
-	list := sh.byHead[h]
-	for _, old := range list {
-		if sameText(old.text, text) {
+	for _, old := range sh.byKey[k] {
+		if sameText(old.text, e.text) {
 			return // a concurrent request stored it already
 		}
 	}
-	if len(list) >= maxPerHead {
-		lru := list[0]
-		for _, x := range list[1:] {
-			if x.used < lru.used {
-				lru = x
-			}
-		}
-		sh.remove(lru)
-	}
-	sh.byHead[h] = append(sh.byHead[h], e)
+	sh.byKey[k] = append(sh.byKey[k], e)
 	e.el = sh.order.PushFront(e)
 	sh.bytes += e.size
 	for sh.bytes > sh.limit {
@@ -145,23 +125,23 @@ func (c *prefixCache) put(h uint64, text string, parent *prefixEntry, delta []ui
 	}
 }
 
-// remove drops e if it is still cached.
+// remove drops e, which is cached.
 func (sh *prefixShard) remove(e *prefixEntry) {
-	list := sh.byHead[e.head]
+	list := sh.byKey[e.key]
 	for i, x := range list {
 		if x == e {
 			list = append(list[:i:i], list[i+1:]...)
 			if len(list) == 0 {
-				delete(sh.byHead, e.head)
+				delete(sh.byKey, e.key)
 			} else {
-				sh.byHead[e.head] = list
+				sh.byKey[e.key] = list
 			}
-			sh.order.Remove(e.el)
-			sh.bytes -= e.size
-			e.text = "" // its prompt may be freed; descendants only need its delta
-			return
+			break
 		}
 	}
+	sh.order.Remove(e.el)
+	sh.bytes -= e.size
+	e.text = "" // its prompt may be freed; descendants only need its delta
 }
 
 // sameText is a == b comparing the last 256 bytes first: prefixes of one conversation's branches share all

@@ -25,6 +25,9 @@ type matcher struct {
 	nodes  []trieNode
 	toks   []addedToken
 	maxLen int // longest match string, in bytes
+
+	last  [256]bool  // bytes that end a match string
+	rtrie []trieNode // the match strings reversed, for finding where tokens end scanning backwards
 }
 
 type trieNode struct {
@@ -59,7 +62,48 @@ func newMatcher(toks []addedToken) *matcher {
 		}
 		m.nodes[n].tok = int32(i) // a later duplicate wins, as in HF's map
 	}
+	m.rtrie = []trieNode{{tok: -1}}
+	for i, t := range toks {
+		if t.match == "" {
+			continue
+		}
+		m.last[t.match[len(t.match)-1]] = true
+		n := int32(0)
+		for k := len(t.match) - 1; k >= 0; k-- {
+			c := t.match[k]
+			if m.rtrie[n].next == nil {
+				m.rtrie[n].next = map[byte]int32{}
+			}
+			nx, ok := m.rtrie[n].next[c]
+			if !ok {
+				nx = int32(len(m.rtrie))
+				m.rtrie = append(m.rtrie, trieNode{tok: -1})
+				m.rtrie[n].next[c] = nx
+			}
+			n = nx
+		}
+		m.rtrie[n].tok = int32(i)
+	}
 	return m
+}
+
+// endsAt reports whether some match string ends exactly at s[:p].
+func (m *matcher) endsAt(s string, p int) bool {
+	if p == 0 || !m.last[s[p-1]] {
+		return false
+	}
+	n := int32(0)
+	for j := p - 1; j >= 0; j-- {
+		nx, ok := m.rtrie[n].next[s[j]]
+		if !ok {
+			return false
+		}
+		n = nx
+		if m.rtrie[n].tok >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // find returns the leftmost-longest match at or after from: its byte range and token index, or tok -1.

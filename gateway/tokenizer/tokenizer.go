@@ -204,6 +204,23 @@ func (t *Tokenizer) SplitAdded(s string, text func(start, end int), token func(s
 	})
 }
 
+// AddedTokenEnds calls fn with every position p, from len(s) down to 1, where the text of an added token
+// matched on the raw text ends (s[:p] ends with it), until fn returns false. These are the only places
+// SplitAdded can report a token end; they are candidates, not matches (a match must still win the
+// leftmost-longest scan). gateway/model uses them to find a cached prompt prefix from the end of a new
+// prompt without scanning all of it.
+func (t *Tokenizer) AddedTokenEnds(s string, fn func(p int) bool) {
+	m := t.rawAdded
+	if m == nil {
+		return
+	}
+	for p := len(s); p > 0; p-- {
+		if m.endsAt(s, p) && !fn(p) {
+			return
+		}
+	}
+}
+
 // AppendEncodeText appends the IDs of one run of text from SplitAdded (normalization, the normalized
 // added tokens, pre-tokenization and BPE; no post-processor) to dst.
 func (t *Tokenizer) AppendEncodeText(dst []uint32, s string) []uint32 {
