@@ -72,15 +72,54 @@ func (h *Host) newActivation(ctx context.Context, model string, ver *version, co
 	return a, nil
 }
 
+// newInstance instantiates ver (running _initialize) and calls its init with config. For uploaded
+// modules this runs on its own goroutine under Options.InitTimeout, like a call: a start function wazero cannot
+// interrupt is abandoned (counted with the abandoned calls) instead of hanging Load or Activate.
 func (h *Host) newInstance(ctx context.Context, ver *version, config []byte) (*instance, error) {
+	if ver.trusted {
+		return h.instantiate(ctx, ver, config)
+	}
+	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
+		return nil, fmt.Errorf("%w: %d abandoned calls still running", ErrInitFailed, h.abandoned.Load())
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.InitTimeout)
+	defer cancel()
+	type result struct {
+		inst *instance
+		err  error
+	}
+	done := make(chan result, 1)
+	var state atomicState
+	go func() {
+		inst, err := h.instantiate(ctx, ver, config)
+		if state.finish() {
+			done <- result{inst, err}
+			return
+		}
+		if inst != nil {
+			inst.close()
+		}
+		h.abandonedNano.Add(int64(time.Since(abandonedAt(ctx))))
+		h.abandoned.Add(-1)
+	}()
+	select {
+	case r := <-done:
+		return r.inst, r.err
+	case <-ctx.Done():
+		if state.abandon() {
+			h.abandoned.Add(1)
+			h.abandonedN.Add(1)
+			return nil, fmt.Errorf("%w: instantiate and init did not finish within %s", ErrInitFailed, h.opts.InitTimeout)
+		}
+		r := <-done
+		return r.inst, r.err
+	}
+}
+
+func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*instance, error) {
 	out := &capWriter{limit: h.opts.StderrLimitBytes}
 	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions("_initialize").
 		WithSysNanotime().WithStdout(out).WithStderr(out)
-	if !ver.trusted {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, initTimeout)
-		defer cancel()
-	}
 	mod, err := ver.rt.InstantiateModule(ctx, ver.compiled, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: instantiate: %w (%s)", ErrInitFailed, err, out.String())
@@ -123,8 +162,6 @@ func (h *Host) newInstance(ctx context.Context, ver *version, config []byte) (*i
 	return inst, nil
 }
 
-// initTimeout bounds instantiation plus init of an uploaded module (a Go runtime start takes ~3 ms).
-const initTimeout = 2 * time.Second
 
 func (i *instance) close() { _ = i.mod.Close(context.Background()) }
 

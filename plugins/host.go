@@ -43,6 +43,9 @@ type Options struct {
 	// ValidationTimeout is the deadline of each validation sample (after one untimed-but-bounded warm-up
 	// call), longer than CallTimeout so a busy machine does not reject a sound module. Default 50ms.
 	ValidationTimeout time.Duration
+	// InitTimeout bounds instantiating an uploaded module plus its init (a Go runtime starts in ~3 ms).
+	// Default 2s.
+	InitTimeout time.Duration
 	// MemoryLimitPages caps each instance's linear memory in 64 KiB pages. Default 512 (32 MiB).
 	MemoryLimitPages uint32
 	// CacheDir, if set, is wazero's on-disk compilation cache (compiled code survives restarts).
@@ -81,6 +84,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ValidationTimeout <= 0 {
 		o.ValidationTimeout = 50 * time.Millisecond
+	}
+	if o.InitTimeout <= 0 {
+		o.InitTimeout = 2 * time.Second
 	}
 	if o.MemoryLimitPages == 0 {
 		o.MemoryLimitPages = 512

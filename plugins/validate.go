@@ -158,7 +158,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 		}
 	}()
 	rep.BufferCap = inst.bufCap
-	mctx, cancel := context.WithTimeout(ctx, initTimeout)
+	mctx, cancel := context.WithTimeout(ctx, h.opts.InitTimeout)
 	minor, err := inst.mod.ExportedFunction(sdk.ExportMinor).Call(mctx)
 	cancel()
 	if err != nil {

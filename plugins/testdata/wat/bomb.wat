@@ -43,6 +43,8 @@
     (if (i64.eq (local.get $seq) (i64.const 1001)) (then (loop $spin (br $spin))))
     ;; seq 1002: loop-free call tree of 2^28 calls (not interruptible)
     (if (i64.eq (local.get $seq) (i64.const 1002)) (then (call $t0) (return (i32.const 0))))
+    ;; seq 1007: a smaller loop-free call tree (2^22 calls, from $t6)
+    (if (i64.eq (local.get $seq) (i64.const 1007)) (then (call $t6) (return (i32.const 0))))
     ;; seq 1003: trap
     (if (i64.eq (local.get $seq) (i64.const 1003)) (then unreachable))
     ;; seq 1004: duplicate index
