@@ -162,7 +162,6 @@ func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*i
 	return inst, nil
 }
 
-
 func (i *instance) close() { _ = i.mod.Close(context.Background()) }
 
 // acquire takes an instance, or returns nil when the activation was retired or done fired.
