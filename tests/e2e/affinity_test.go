@@ -34,13 +34,13 @@ func conversations(t *testing.T, c openai.Client, n int, seed uint64) (sticky in
 				first, err := chat(ctx, c, msgs, 6)
 				if err != nil {
 					errs <- err
-					return
+					continue // keep draining work: the sender must not block
 				}
 				msgs = append(msgs, openai.AssistantMessage(first.Content), openai.UserMessage("And now: "+words(r, 20)))
 				second, err := chatStream(ctx, c, msgs, 6)
 				if err != nil {
 					errs <- err
-					return
+					continue
 				}
 				mu.Lock()
 				if second.Endpoint == first.Endpoint && second.CachedTokens > 0 {
@@ -58,8 +58,8 @@ func conversations(t *testing.T, c openai.Client, n int, seed uint64) (sticky in
 	close(work)
 	wg.Wait()
 	close(errs)
-	for err := range errs {
-		t.Fatal(err)
+	if err, ok := <-errs; ok {
+		t.Fatalf("%d of %d conversations failed; first: %v", len(errs)+1, n, err)
 	}
 	return sticky, policies
 }

@@ -142,6 +142,18 @@ func TestMultiGatewayRedis(t *testing.T) {
 		if !sawDegraded {
 			t.Errorf("no gateway reported degraded in /readyz while Redis was down")
 		}
+		var loadOnly float64
+		for _, g := range gws {
+			s, err := g.Metrics(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			loadOnly += s.Sum("kvgate_load_only_routes_total")
+		}
+		t.Logf("requests routed on load alone during the outage: %v", loadOnly)
+		if loadOnly == 0 {
+			t.Errorf("kvgate_load_only_routes_total is 0 on every gateway after a 2 s outage under load")
+		}
 	}
 
 	// Wait for every gateway to be back on the store, then upload round-robin on g0 only and activate it there.
