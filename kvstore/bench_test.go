@@ -264,9 +264,16 @@ func redisClientOf(b *testing.B, idx *kvstore.RedisIndex) *redis.Client {
 	return c.(*redis.Client)
 }
 
+// benchRedisArgs are extra redis-server arguments for the Redis benchmarks (-redis-args="--disable-thp no").
+var benchRedisArgs string
+
+func init() {
+	flag.StringVar(&benchRedisArgs, "redis-args", "", "extra redis-server arguments for the Redis benchmarks")
+}
+
 func redisIndex(b *testing.B) (*kvstore.RedisIndex, *benchFixture) {
 	f := getFixture()
-	srv := redistest.Start(b)
+	srv := redistest.StartArgs(b, strings.Fields(benchRedisArgs)...)
 	c := srv.Client(b)
 	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: "bench"})
 	benchClients.Store(idx, c)

@@ -63,6 +63,12 @@ func Start(t testing.TB) *Server {
 	return start(t, nil)
 }
 
+// StartArgs is Start with extra redis-server arguments (for example "--maxmemory", "64mb").
+func StartArgs(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	return start(t, extra)
+}
+
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
 	bin := redisBinary(t, "redis-server")
