@@ -2,6 +2,12 @@
 // blocks, on which tier), block keys, and capacity reservations (leases), on two backends behind the same
 // interfaces: in memory (one gateway) and Redis (many gateways). Engine KV events are decoded and ingested
 // by kvstore/kvevents.
+//
+// Block keys come from Hasher. The index is NewMemoryIndex or NewRedisIndex, reservations
+// NewMemoryReservations or NewRedisReservations; Blobs and Leases hold shared policy blobs and fenced
+// named leases; OpenStore builds all of them from a StoreConfig. Both backends pass the same suite
+// (kvstore/conformance). Errors are the sentinels in errors.go, wrapped with "kvstore: op" context.
+// Design notes and the Redis key layout: RATIONALE.md.
 package kvstore
 
 import (
