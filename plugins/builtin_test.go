@@ -20,7 +20,7 @@ func TestBuiltinReproducible(t *testing.T) {
 		t.Skip("go command not on PATH")
 	}
 	out := filepath.Join(t.TempDir(), "threetier.wasm")
-	cmd := exec.Command(goBin, "build", "-trimpath", "-buildmode=c-shared", "-o", out, "./builtin/threetier")
+	cmd := exec.Command(goBin, "build", "-trimpath", "-buildvcs=false", "-buildmode=c-shared", "-o", out, "./builtin/threetier")
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, b)

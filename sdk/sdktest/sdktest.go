@@ -138,7 +138,7 @@ func Build(t testing.TB, pkg string) []byte {
 		t.Skip("go command not on PATH")
 	}
 	out := filepath.Join(t.TempDir(), "policy.wasm")
-	cmd := exec.Command(goBin, "build", "-trimpath", "-buildmode=c-shared", "-o", out, ".")
+	cmd := exec.Command(goBin, "build", "-trimpath", "-buildvcs=false", "-buildmode=c-shared", "-o", out, ".")
 	cmd.Dir = abs
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
