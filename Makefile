@@ -41,7 +41,7 @@ tidy:
 ## policies: rebuild the embedded default policy (plugins/builtin/threetier.wasm, commit it; a plugins test
 ## checks it matches its source) and write every example policy to bin/policies/<name>.wasm (Go examples
 ## are built; the AssemblyScript one is copied: rebuilding it needs Node, see its README).
-POLICY_BUILD = GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 $(GO) build -trimpath -buildmode=c-shared
+POLICY_BUILD = GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -buildmode=c-shared
 policies:
 	$(POLICY_BUILD) -o plugins/builtin/threetier.wasm ./plugins/builtin/threetier
 	@mkdir -p bin/policies
