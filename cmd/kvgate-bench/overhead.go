@@ -210,6 +210,9 @@ func (b *bench) printOverhead(rows []overheadRow) {
 			fmt.Fprintf(b.out, "targets (memory, prefix seen): added p50 %s ≤ %s: %s; CPU/request %s ≤ %s: %s\n",
 				us(r.added()), us(targetAddedP50), verdict(r.added() <= targetAddedP50), us(r.cpu()), us(targetCPU),
 				verdict(r.cpu() <= targetCPU))
+			if b.o.requests < 300 {
+				fmt.Fprintln(b.out, "(CPU per request is counted in 10 ms ticks: below 300 requests it is noise)")
+			}
 		}
 	}
 }
