@@ -450,3 +450,34 @@ func redisCPU(b *testing.B, c *redis.Client) float64 {
 	}
 	return total
 }
+
+// BenchmarkMemoryClearEndpoint clears an endpoint holding one 128-block prompt from the 1 M-key index
+// (then re-adds it, untimed): the cost follows the endpoint's own blocks, not the index size.
+func BenchmarkMemoryClearEndpoint(b *testing.B) {
+	idx, f := memoryIndex(b)
+	benchClear(b, idx, f)
+}
+
+// BenchmarkRedisClearEndpoint is BenchmarkMemoryClearEndpoint on the 1 M-key Redis index (one EVALSHA).
+func BenchmarkRedisClearEndpoint(b *testing.B) {
+	idx, f := redisIndex(b)
+	benchClear(b, idx, f)
+}
+
+func benchClear(b *testing.B, idx kvstore.Index, f *benchFixture) {
+	ctx := context.Background()
+	var lat p50
+	for b.Loop() {
+		b.StopTimer()
+		if err := idx.Add(ctx, "bench-model", "lonely", kvstore.TierGPU, f.keys[3]); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		if err := idx.ClearEndpoint(ctx, "bench-model", "lonely"); err != nil {
+			b.Fatal(err)
+		}
+		lat.add(time.Since(t0))
+	}
+	lat.report(b)
+}
