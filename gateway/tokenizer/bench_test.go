@@ -68,7 +68,7 @@ func warmTexts(b *testing.B) []string {
 func BenchmarkEncode(b *testing.B) {
 	bench := readBench(b)
 	warm := warmTexts(b)
-	for _, m := range []string{"qwen3", "llama3_1"} {
+	for _, m := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		tk := loadModel(b, m)
 		n := len(tk.Encode(bench, false))
 		b.Run(m+"/cold", func(b *testing.B) {

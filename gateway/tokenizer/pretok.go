@@ -42,10 +42,13 @@ const (
 
 // buildPreTokenizer returns the generic pre-tokenizer chain, whether the model is byte-level, and, when the
 // whole chain is the Qwen/Llama-3 split, the hand scanner alone (pre is nil then).
-func buildPreTokenizer(raw json.RawMessage, path string) (pre preTokenizer, byteLevel bool, scan *gptScanner, err error) {
+func buildPreTokenizer(raw json.RawMessage, path string) (pre preTokenizer, byteLevel bool, scan pieceScanner, err error) {
 	stages, byteLevel, err := preStages(raw, path)
 	if err != nil {
 		return nil, false, nil, err
+	}
+	if isDeepseekChain(stages) {
+		return deepseekScanner{}, byteLevel, nil, nil
 	}
 	switch len(stages) {
 	case 0:
@@ -57,6 +60,25 @@ func buildPreTokenizer(raw json.RawMessage, path string) (pre preTokenizer, byte
 		return stages[0], byteLevel, nil, nil
 	}
 	return seqPre(stages), byteLevel, nil, nil
+}
+
+// pieceScanner is a hand-written pre-tokenizer: next returns the end of the piece starting at s[i].
+type pieceScanner interface {
+	next(s string, i int) int
+}
+
+// isDeepseekChain reports whether stages are exactly DeepSeek-V3's three isolated regex splits.
+func isDeepseekChain(stages []preTokenizer) bool {
+	if len(stages) != 3 {
+		return false
+	}
+	for k, want := range []string{deepseekDigits, deepseekCJK, deepseekWords} {
+		sp, ok := stages[k].(*splitPre)
+		if !ok || sp.re == nil || sp.pattern != want || sp.behavior != "Isolated" || sp.invert {
+			return false
+		}
+	}
+	return true
 }
 
 // preStages flattens Sequence and drops stages that are no-ops on raw bytes (ByteLevel without prefix
@@ -121,7 +143,7 @@ func preStages(raw json.RawMessage, path string) ([]preTokenizer, bool, error) {
 			if err != nil {
 				return nil, false, err
 			}
-			sp.re = re
+			sp.re, sp.pattern = re, *p.Pattern.Regex
 		default:
 			return nil, false, unsupported(path, "Split", "missing pattern")
 		}
@@ -200,6 +222,7 @@ func (m *metaspacePre) each(s string, fn func(string)) {
 type splitPre struct {
 	lit      string
 	re       *regexp2.Regexp
+	pattern  string // the regex source, when re is set
 	behavior string
 	invert   bool
 }

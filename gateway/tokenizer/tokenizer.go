@@ -13,7 +13,7 @@ type Tokenizer struct {
 	byteLevel bool // vocab is GPT-2 byte-level (kept as raw bytes here)
 	norm      normalizer
 	pre       preTokenizer
-	scanner   *gptScanner // set instead of pre for the Qwen/Llama-3 split
+	scanner   pieceScanner // set instead of pre for the Qwen/Llama-3 split (DeepSeek-V3's is a pre)
 	dec       decoder
 
 	addedByID      map[uint32]addedToken
