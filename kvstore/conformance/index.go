@@ -204,6 +204,20 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		must(t, idx.Add(ctx, "m", "b", cpu, k[:299]))
 		expectMatch(t, idx, "m", k, em("a", 200, 100), em("b", 0, 299))
 	})
+	t.Run("VeryLongPrompt", func(t *testing.T) {
+		// 9000 blocks: past the Redis scripts' internal chunk sizes (1000 per write, 4000 per MGET).
+		idx := newIndex(t)
+		long := keys(77, 9000)
+		must(t, idx.Add(ctx, "m", "a", gpu, long))
+		must(t, idx.Add(ctx, "m", "b", cpu, long[:8500]))
+		must(t, idx.Record(ctx, "m", "c", long[:4500], time.Minute))
+		expectMatch(t, idx, "m", long, em("a", 9000, 0), em("b", 0, 8500), em("c", 4500, 0))
+		must(t, idx.Remove(ctx, "m", "a", gpu, long[4001:4002]))
+		expectMatch(t, idx, "m", long, em("a", 4001, 0), em("b", 0, 8500), em("c", 4500, 0))
+		must(t, idx.ClearEndpoint(ctx, "m", "b"))
+		must(t, idx.ClearEndpoint(ctx, "m", "c"))
+		expectMatch(t, idx, "m", long, em("a", 4001, 0))
+	})
 	t.Run("InvalidInput", func(t *testing.T) {
 		idx := newIndex(t)
 		for _, err := range []error{
