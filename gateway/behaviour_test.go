@@ -201,8 +201,13 @@ type fakeEngine struct {
 }
 
 func newFakeEngine(t *testing.T, waiting int, h func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeEngine {
+	return newFakeEngineIdle(t, waiting, 0, h)
+}
+
+// newFakeEngineIdle is newFakeEngine whose server closes keep-alive connections idle for idle (0: never).
+func newFakeEngineIdle(t *testing.T, waiting int, idle time.Duration, h func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeEngine {
 	f := &fakeEngine{waiting: waiting, handler: h}
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/health":
 			return
@@ -217,6 +222,8 @@ func newFakeEngine(t *testing.T, waiting int, h func(w http.ResponseWriter, r *h
 		f.mu.Unlock()
 		f.handler(w, r, b)
 	}))
+	f.srv.Config.IdleTimeout = idle
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -269,7 +276,7 @@ func TestRetryAndBodiesPerEngineKind(t *testing.T) {
 
 // Upstream 4xx bodies pass through; a stale keep-alive connection closed by the engine is not an error.
 func TestUpstreamStatusAndStaleConnections(t *testing.T) {
-	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, _ *http.Request, b []byte) {
+	eng := newFakeEngineIdle(t, 0, 30*time.Millisecond, func(w http.ResponseWriter, _ *http.Request, b []byte) {
 		if strings.Contains(string(b), "bad") {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(422)
@@ -278,7 +285,6 @@ func TestUpstreamStatusAndStaleConnections(t *testing.T) {
 		}
 		okCompletion(w, nil, b)
 	})
-	eng.srv.Config.IdleTimeout = 30 * time.Millisecond
 	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: sglang, url: %q}\n", eng.srv.URL), ""))
 	st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", chatBody(false, 1, "bad"))
 	if st != 422 || string(b) != `{"object":"error","message":"engine says no","type":"BadRequestError","code":422}` {
