@@ -31,11 +31,15 @@ type StoreConfig struct {
 // Store bundles the parts of one shared-state backend. Every field is safe for concurrent use.
 type Store struct {
 	// Kind is "memory" or "redis".
-	Kind         string
-	Index        Index
+	Kind string
+	// Index is the KV block index (MemoryIndex or RedisIndex).
+	Index Index
+	// Reservations leases endpoint capacity (MemoryReservations or RedisReservations).
 	Reservations Reservations
-	Blobs        Blobs
-	Leases       Leases
+	// Blobs holds policy blobs and active values (MemoryBlobs or RedisBlobs).
+	Blobs Blobs
+	// Leases are fenced named leases, e.g. ingestion ownership (the same value as Blobs).
+	Leases Leases
 	// Redis is the underlying client (nil for memory), for health details and tests.
 	Redis redis.UniversalClient
 }
