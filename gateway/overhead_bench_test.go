@@ -59,6 +59,18 @@ func BenchmarkOverhead(b *testing.B) {
 			direct = "http://" + e.HTTPAddr() + "/v1/chat/completions"
 		}
 	}
+	defer func() {
+		mfs, _ := g.Metrics().Registry.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "kvgate_routing_stage_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				h := m.GetHistogram()
+				b.Logf("stage %s: mean %.1f µs over %d", m.GetLabel()[0].GetValue(), h.GetSampleSum()/float64(h.GetSampleCount())*1e6, h.GetSampleCount())
+			}
+		}
+	}()
 	for _, tc := range []struct{ name, url string }{{"direct", direct}, {"gateway", gwURL}} {
 		b.Run(tc.name, func(b *testing.B) {
 			lat := make([]time.Duration, 0, b.N)
@@ -71,6 +83,7 @@ func BenchmarkOverhead(b *testing.B) {
 			cpu := cpuTime() - c0
 			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(len(lat)), "cpu-ns/op")
 		})
 	}
