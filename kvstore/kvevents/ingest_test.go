@@ -572,3 +572,25 @@ func TestIngestKVCacheGroups(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// TestIngestReplayUnreachable: a configured replay socket that does not answer fails over to clearing.
+func TestIngestReplayUnreachable(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7},
+		Index: idx, ReplayAddr: "tcp://127.0.0.1:1", ReplayTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := tokens(1, 48)
+	_, b0 := storeRoot(t, toks)
+	ctx := context.Background()
+	ing.handle(ctx, 0, b0)
+	ing.handle(ctx, 2, storeChild(t, toks, 2))
+	s := ing.Stats()
+	if s.Gaps != 1 || s.ReplayFailures != 1 || !s.Resyncing || s.LastSeq != 2 || s.Orphans != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("entries survived an unrepaired gap: %d", g)
+	}
+}
