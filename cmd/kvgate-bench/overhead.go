@@ -26,6 +26,8 @@ type overheadRow struct {
 	// Gateway CPU per request: CPUGross over the request block only; CPUNet over the block plus a settle
 	// period (deferred event ingestion) less the idle background rate (CPUIdle, per request) for that time.
 	CPUGross, CPUNet, CPUIdle time.Duration
+	// Settle is how long the gateway kept working after the CPU block's last answer (KV events indexed).
+	Settle time.Duration
 }
 
 func (r overheadRow) added() time.Duration { return r.Gateway[0] - r.Direct[0] }
@@ -149,14 +151,17 @@ func (b *bench) measure(ctx context.Context, store string, sc scenario, e *harne
 	row.Gateway = [3]time.Duration{quantile(gl, .5), quantile(gl, .9), quantile(gl, .99)}
 	row.PairedP50 = quantile(diff, .5)
 
-	// CPU: the gateway's idle rate first (scrapes, ingestion, probes), then n fresh requests back to back
-	// and a settle period for work they cause after answering (KV events arrive and are indexed). Net CPU
-	// per request = (CPU over block + settle − idle rate × that time) / n.
+	// CPU: wait until the gateway is quiet (the latency phase's KV events indexed), measure its idle rate
+	// (scrapes, probes, lease renewals), then run n fresh requests back to back and keep counting until it
+	// is quiet again (work the requests cause after answering). Net CPU per request = (CPU from the block's
+	// start to quiet − idle rate × that time) / n.
 	cpuBodies := make([][]byte, n)
 	for i := range n {
 		cpuBodies[i] = sc.body(total + i)
 	}
-	time.Sleep(quiet)
+	if _, err := waitQuiet(g, -1); err != nil {
+		return row, err
+	}
 	ci0, err := g.CPUTime()
 	if err != nil {
 		return row, err
@@ -172,31 +177,56 @@ func (b *bench) measure(ctx context.Context, store string, sc scenario, e *harne
 		}
 	}
 	c1, _ := g.CPUTime()
-	time.Sleep(settle)
+	blockEnd := time.Now()
+	if _, err := waitQuiet(g, idleRate); err != nil {
+		return row, err
+	}
 	c2, _ := g.CPUTime()
 	elapsed := time.Since(t0)
+	row.Settle = time.Since(blockEnd) - quietWindow
 	row.CPUGross = (c1 - c0) / time.Duration(n)
-	row.CPUIdle = time.Duration(idleRate * float64(elapsed))
-	row.CPUNet = (c2 - c0 - row.CPUIdle) / time.Duration(n)
-	row.CPUIdle /= time.Duration(n)
+	idle := time.Duration(idleRate * float64(elapsed))
+	row.CPUNet = (c2 - c0 - idle) / time.Duration(n)
+	row.CPUIdle = idle / time.Duration(n)
 	return row, nil
 }
 
 // CPU measurement windows (the /proc tick is 10 ms, so each window spans many ticks).
 const (
-	quiet      = 2 * time.Second // before the idle window: the latency phase's deferred work ends
-	settle     = 500 * time.Millisecond
-	idleWindow = 2 * time.Second
+	quietWindow = 500 * time.Millisecond
+	quietMax    = 30 * time.Second
+	idleWindow  = 2 * time.Second
 )
+
+// waitQuiet waits until one quietWindow of the gateway uses at most idleRate of a CPU plus 2 ticks
+// (idleRate < 0: 2 ticks alone), at most quietMax, and returns how long it waited.
+func waitQuiet(g *harness.Gateway, idleRate float64) (time.Duration, error) {
+	start := time.Now()
+	limit := 20*time.Millisecond + time.Duration(max(idleRate, 0)*float64(quietWindow))
+	for {
+		c0, err := g.CPUTime()
+		if err != nil {
+			return 0, err
+		}
+		time.Sleep(quietWindow)
+		c1, err := g.CPUTime()
+		if err != nil {
+			return 0, err
+		}
+		if c1-c0 <= limit || time.Since(start) > quietMax {
+			return time.Since(start), nil
+		}
+	}
+}
 
 func (b *bench) printOverhead(rows []overheadRow) {
 	fmt.Fprintf(b.out, "\nGateway overhead (%d interleaved pairs per row; 1 output token; engine at --time-scale 0)\n", b.o.requests)
 	w := tabwriter.NewWriter(b.out, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "store\tscenario\tprompt tok\tcached tok\tdirect p50\tgateway p50\tadded p50\tpaired p50\tdirect p99\tgateway p99\tCPU/req\tin block\tidle share\t")
+	fmt.Fprintln(w, "store\tscenario\tprompt tok\tcached tok\tdirect p50\tgateway p50\tadded p50\tpaired p50\tdirect p99\tgateway p99\tCPU/req\tin block\tidle share\tsettle\t")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Store, r.Scenario, r.PromptTokens, r.Cached,
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Store, r.Scenario, r.PromptTokens, r.Cached,
 			us(r.Direct[0]), us(r.Gateway[0]), us(r.added()), us(r.PairedP50), us(r.Direct[2]), us(r.Gateway[2]),
-			us(r.cpu()), us(r.CPUGross), us(r.CPUIdle))
+			us(r.cpu()), us(r.CPUGross), us(r.CPUIdle), r.Settle.Round(10*time.Millisecond))
 	}
 	w.Flush()
 	for _, r := range rows {
