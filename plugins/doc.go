@@ -5,7 +5,8 @@
 // optional directory): a trusted one without interruption for the embedded built-in, and one with
 // WithCloseOnContextDone(true) for uploaded modules. Load compiles and validates a module (exports and
 // signatures, ABI version, WASI imports from an allowlist, valid answers to sample snapshots within the
-// call deadline) and names it Version "name@sha256hex". Activate builds a fixed pool of initialised
+// call deadline, and a static call-graph check for call trees wazero could not interrupt) and names it
+// Version "name@sha256hex". Activate builds a fixed pool of initialised
 // instances for one model and swaps it in atomically; in-flight calls finish on the old pool, which is
 // closed once drained. Rollback restores the model's previous activation (kept warm).
 //

@@ -144,6 +144,9 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 	if _, ok := compiled.ExportedMemories()[sdk.ExportMemory]; !ok {
 		problem("missing memory export %q", sdk.ExportMemory)
 	}
+	if !ver.trusted {
+		rep.Problems = append(rep.Problems, checkCallGraph(wasm)...)
+	}
 	if len(rep.Problems) > 0 {
 		return rep
 	}
