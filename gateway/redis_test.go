@@ -147,3 +147,41 @@ func TestTwoGatewaysOnRedis(t *testing.T) {
 		t.Fatalf("b ingests %d endpoints after a died", len(b.IngestStats()))
 	}
 }
+
+// One gateway on a 3-master Redis Cluster: routing, affinity, reservations and policy storage work through
+// the cluster client (a request's keys live in one hash slot).
+func TestGatewayOnRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	engines := startSims(t, 2, nil)
+	addrs := `"` + strings.Join(cl.Addrs, `", "`) + `"`
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "store: {kind: redis, cluster: true, addrs: ["+addrs+"]}\n"))
+	sys := longSystemPrompt(30)
+	body := func(q string) string {
+		return fmt.Sprintf(`{"model":"qwen3","max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, sys, q)
+	}
+	st, h, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", body("one"))
+	if st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	ep := h.Get("x-kvgate-endpoint")
+	for i := range 3 {
+		if st, h, _ := post(t, "http://"+g.Addr()+"/v1/chat/completions", body(fmt.Sprint("again ", i))); st != 200 || h.Get("x-kvgate-endpoint") != ep {
+			t.Fatalf("%d %s want %s", st, h.Get("x-kvgate-endpoint"), ep)
+		}
+	}
+	if g.Router().StoreStatus().Down {
+		t.Fatalf("store down: %+v", g.Router().StoreStatus())
+	}
+	st, _, b = post(t, "http://"+g.Addr()+"/admin/v1/policies/activate",
+		`{"model":"qwen3","version":"`+string(g.Host().BuiltinVersion())+`","config":{"imbalance_threshold":3}}`, "Authorization", "Bearer admintok")
+	if st != 200 {
+		t.Fatalf("activate %d %s", st, b)
+	}
+	raw, err := g.store.Blobs.GetActive(context.Background(), "qwen3")
+	if err != nil || !strings.Contains(string(raw), `"imbalance_threshold":3`) {
+		t.Fatalf("stored active value %s %v", raw, err)
+	}
+}
