@@ -34,8 +34,13 @@ const (
 // benchEventBlocks is the blocks per BlockStored event in the Redis ingestion benchmark (-event-blocks).
 var benchEventBlocks = 16
 
+// benchIngestBatch is how many events BenchmarkRedisIngest sends per Batcher.Apply (-ingest-batch; 1 means
+// one Add call per event).
+var benchIngestBatch = 1
+
 func init() {
 	flag.IntVar(&benchEventBlocks, "event-blocks", 16, "blocks per event in BenchmarkRedisIngest (divides 128)")
+	flag.IntVar(&benchIngestBatch, "ingest-batch", 1, "events per pipelined Apply in BenchmarkRedisIngest")
 }
 
 type benchFixture struct {
@@ -285,13 +290,15 @@ func redisIndex(b *testing.B) (*kvstore.RedisIndex, *benchFixture) {
 	return idx, f
 }
 
-// redisAddAll ingests the fixture into Redis from `workers` goroutines (events of 16 blocks, or
-// benchEventBlocks) and returns the number of blocks written.
+// redisAddAll ingests the fixture into an index from `workers` goroutines (events of 16 blocks, or
+// benchEventBlocks; one Add per event, or Apply of benchIngestBatch events at a time) and returns the
+// number of blocks written.
 func redisAddAll(b *testing.B, idx kvstore.Index, f *benchFixture, workers int) int {
 	ev := benchEventBlocks
 	if ev <= 0 || 128%ev != 0 {
 		ev = 16
 	}
+	batcher, _ := idx.(kvstore.Batcher)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -299,17 +306,39 @@ func redisAddAll(b *testing.B, idx kvstore.Index, f *benchFixture, workers int) 
 	for w := range workers {
 		wg.Go(func() {
 			n := 0
+			var batch []kvstore.Update
+			flush := func() bool {
+				if len(batch) == 0 {
+					return true
+				}
+				if err := batcher.Apply(ctx, "bench-model", batch); err != nil {
+					b.Error(err)
+					return false
+				}
+				batch = batch[:0]
+				return true
+			}
 			for p := w; p < len(f.keys); p += workers {
 				for part := range 128 / ev {
 					ks := f.keys[p][part*ev : part*ev+ev]
 					for _, ep := range f.holders[p] {
+						n += len(ks)
+						if benchIngestBatch > 1 && batcher != nil {
+							batch = append(batch, kvstore.Update{Endpoint: ep, Tier: kvstore.TierGPU, Keys: ks})
+							if len(batch) >= benchIngestBatch && !flush() {
+								return
+							}
+							continue
+						}
 						if err := idx.Add(ctx, "bench-model", ep, kvstore.TierGPU, ks); err != nil {
 							b.Error(err)
 							return
 						}
-						n += len(ks)
 					}
 				}
+			}
+			if !flush() {
+				return
 			}
 			mu.Lock()
 			total += n
@@ -365,7 +394,8 @@ func BenchmarkRedisKeysAndMatch128(b *testing.B) {
 }
 
 // BenchmarkRedisIngest reports the rate at which the 1 M-key fixture (about 2 M block holds) went into
-// Redis: 8 concurrent writers, one EVALSHA per event (16 blocks; -event-blocks=N to change) per holder.
+// Redis: 8 concurrent writers, one EVALSHA per event (16 blocks; -event-blocks=N to change) per holder,
+// one event per round trip or -ingest-batch=N events per pipelined Apply.
 func BenchmarkRedisIngest(b *testing.B) {
 	f := getFixture()
 	for b.Loop() {

@@ -2,7 +2,9 @@ package kvstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -118,5 +120,68 @@ func TestRedisIndexSurvivesScriptFlush(t *testing.T) {
 func TestRedisPrefixValidation(t *testing.T) {
 	if _, err := kvstore.NewRedisIndex(redis.NewClient(&redis.Options{}), kvstore.RedisConfig{Prefix: "a{b"}); err == nil {
 		t.Fatal("brace in prefix accepted")
+	}
+}
+
+// TestApplyMatchesOneByOne applies the same updates with Apply and one by one, on both backends, and
+// compares the matches; it also checks Apply survives SCRIPT FLUSH on Redis.
+func TestApplyMatchesOneByOne(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ks := kvstore.Hasher{}.Keys(make([]uint32, 16*40), 16, kvstore.ExtraKeys{})
+	updates := []kvstore.Update{
+		{Endpoint: "a", Tier: kvstore.TierGPU, Keys: ks[:30]},
+		{Endpoint: "b", Tier: kvstore.TierCPU, Keys: ks[:20]},
+		{Endpoint: "a", Tier: kvstore.TierGPU, Remove: true, Keys: ks[10:11]},
+		{Endpoint: "a", Tier: kvstore.TierCPU, Keys: ks[10:15]},
+		{Endpoint: "c", Tier: kvstore.TierGPU},
+		{Endpoint: "b", Tier: kvstore.TierGPU, Keys: ks[:5]},
+	}
+	want := map[kvstore.EndpointID][2]int{"a": {29, 1}, "b": {5, 15}}
+	check := func(name string, idx kvstore.Index) {
+		t.Helper()
+		got, err := idx.Match(ctx, "m", ks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: %+v", name, got)
+		}
+		for _, m := range got {
+			if w := want[m.Endpoint]; w != [2]int{m.GPUBlocks, m.CPUBlocks} {
+				t.Fatalf("%s: %+v, want %v", name, m, w)
+			}
+		}
+	}
+	mem := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	if err := mem.Apply(ctx, "m", updates); err != nil {
+		t.Fatal(err)
+	}
+	check("memory", mem)
+	one, _ := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+	for _, u := range updates {
+		var err error
+		if u.Remove {
+			err = one.Remove(ctx, "m", u.Endpoint, u.Tier, u.Keys)
+		} else {
+			err = one.Add(ctx, "m", u.Endpoint, u.Tier, u.Keys)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("redis one by one", one)
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	batch, _ := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+	if err := batch.Apply(ctx, "m", updates); err != nil {
+		t.Fatal(err)
+	}
+	check("redis apply", batch)
+	bad := append(slices.Clone(updates), kvstore.Update{Endpoint: "d", Tier: 9, Keys: ks[:1]})
+	if err := batch.Apply(ctx, "m", bad); !errors.Is(err, kvstore.ErrInvalidTier) {
+		t.Fatalf("bad tier: %v", err)
 	}
 }

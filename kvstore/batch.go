@@ -1,0 +1,104 @@
+package kvstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Update is one Add (Remove false) or Remove (Remove true) of keys held by Endpoint on Tier, for
+// Batcher.Apply.
+type Update struct {
+	Endpoint EndpointID
+	Tier     Tier
+	Remove   bool
+	Keys     []BlockKey
+}
+
+// Batcher is implemented by both index backends: Apply applies updates of one model in order, with the
+// same effect as calling Add and Remove one by one, but on Redis in one pipelined round trip (one script
+// per update). Ingestion can use it to apply a whole event batch at once. A validation error (tier, names)
+// is returned before anything is applied; a Redis error may leave a prefix of the updates applied, and
+// re-applying the same updates is safe (set semantics).
+type Batcher interface {
+	Apply(ctx context.Context, model string, updates []Update) error
+}
+
+var (
+	_ Batcher = (*MemoryIndex)(nil)
+	_ Batcher = (*RedisIndex)(nil)
+)
+
+func checkUpdates(model string, updates []Update) error {
+	for _, u := range updates {
+		if err := checkNames("apply", model, u.Endpoint); err != nil {
+			return err
+		}
+		if err := checkTier("apply", u.Tier); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Apply implements Batcher.
+func (m *MemoryIndex) Apply(ctx context.Context, model string, updates []Update) error {
+	if err := checkUpdates(model, updates); err != nil {
+		return err
+	}
+	for _, u := range updates {
+		var err error
+		if u.Remove {
+			err = m.Remove(ctx, model, u.Endpoint, u.Tier, u.Keys)
+		} else {
+			err = m.Add(ctx, model, u.Endpoint, u.Tier, u.Keys)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Apply implements Batcher: one pipeline of EVALSHA calls (on NOSCRIPT the scripts are loaded and the
+// whole batch is sent again, which is safe because updates are idempotent in sequence).
+func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) error {
+	if err := checkUpdates(model, updates); err != nil {
+		return err
+	}
+	send := func() error {
+		p := r.c.Pipeline()
+		n := 0
+		for _, u := range updates {
+			if len(u.Keys) == 0 {
+				continue
+			}
+			names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(u.Endpoint)}, u.Keys, string(u.Endpoint), int(u.Tier))
+			s := scriptIndexAdd
+			if u.Remove {
+				s = scriptIndexRemove
+			}
+			s.EvalSha(ctx, p, names, args...)
+			n++
+		}
+		if n == 0 {
+			return nil
+		}
+		_, err := p.Exec(ctx)
+		return err
+	}
+	err := send()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		for _, s := range []*redis.Script{scriptIndexAdd, scriptIndexRemove} {
+			if lerr := s.Load(ctx, r.c).Err(); lerr != nil {
+				return fmt.Errorf("kvstore: redis apply: load script: %w", lerr)
+			}
+		}
+		err = send()
+	}
+	if err != nil {
+		return fmt.Errorf("kvstore: redis apply: %w", err)
+	}
+	return nil
+}
