@@ -121,8 +121,10 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 	lastStable, lastStableIDs := -1, 0
 	m.tok.SplitAdded(rest, func(a, b int) {
 		s := rest[a:b]
-		if len(s) < minCachedSegment {
-			out = m.tok.AppendEncodeText(out, s)
+		if atStart := base+a == 0; atStart || len(s) < minCachedSegment {
+			// The run that starts the prompt may encode differently (Metaspace prepend_scheme "first"):
+			// it is never taken from or put into the cache.
+			out = m.tok.AppendEncodeText(out, s, atStart)
 			return
 		}
 		if ids, ok := m.segs.get(s); ok {
@@ -130,7 +132,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 			return
 		}
 		start := len(out)
-		out = m.tok.AppendEncodeText(out, s)
+		out = m.tok.AppendEncodeText(out, s, false)
 		m.segs.put(strings.Clone(s), append([]uint32(nil), out[start:]...))
 	}, func(_, b int, id uint32, stable bool) {
 		out = append(out, id)

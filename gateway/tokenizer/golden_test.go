@@ -261,3 +261,56 @@ func idsHash(ids []uint32) string {
 }
 
 var _ = norm.NFC
+
+// derivedModels are reference models with one component swapped, to cover components none of the five
+// uses; testdata/reference/regen_goldens.js applies the same edits before running HF.
+var derivedModels = map[string]struct {
+	base string
+	edit map[string]string // top-level tokenizer.json members replaced
+}{
+	// Llama-2 as Mistral/Llama tokenizer.json files are now written: Metaspace with prepend_scheme "first".
+	"llama2_metaspace_first": {base: "llama2", edit: map[string]string{
+		"normalizer":    `null`,
+		"pre_tokenizer": `{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"first","split":false}`,
+	}},
+}
+
+func TestDerivedModels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: derived models run without -short")
+	}
+	corpus := readJSONL[corpusCase](t, filepath.Join("testdata", "goldens", "corpus.jsonl"))
+	fuzz := readJSONL[corpusCase](t, filepath.Join("testdata", "goldens", "fuzz.jsonl"))
+	bench := readBench(t)
+	for name, d := range derivedModels {
+		t.Run(name, func(t *testing.T) {
+			raw, err := os.ReadFile(filepath.Join(modelDir(t, d.base), "tokenizer.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var top map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &top); err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range d.edit {
+				top[k] = json.RawMessage(v)
+			}
+			edited, err := json.Marshal(top)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk, err := New(edited, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := readJSONL[goldenCase](t, filepath.Join("testdata", "goldens", name+".jsonl"))
+			checkCases(t, tk, corpus, golden)
+			checkCases(t, tk, fuzz, readJSONL[goldenCase](t, filepath.Join("testdata", "goldens", "fuzz-"+name+".jsonl")))
+			g := golden[len(golden)-1]
+			ids := tk.Encode(bench, false)
+			if len(ids) != g.Count || idsHash(ids) != g.SHA256 {
+				t.Errorf("bench: %d IDs hash %s, want %d %s", len(ids), idsHash(ids), g.Count, g.SHA256)
+			}
+		})
+	}
+}

@@ -361,6 +361,7 @@ func (r *jsonReader) members() (map[string][]byte, error) {
 	}
 	out := map[string][]byte{}
 	if r.peek() == '}' {
+		r.pos++
 		return out, nil
 	}
 	for {
@@ -381,6 +382,7 @@ func (r *jsonReader) members() (map[string][]byte, error) {
 		case ',':
 			r.pos++
 		case '}':
+			r.pos++
 			return out, nil
 		default:
 			return nil, r.fail("expected ',' or '}'")

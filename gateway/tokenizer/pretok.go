@@ -9,10 +9,12 @@ import (
 	"github.com/dlclark/regexp2"
 )
 
-// preTokenizer cuts normalized text into pieces (HF's PreTokenizer, without offsets).
+// preTokenizer cuts normalized text into pieces (HF's PreTokenizer). Offsets are not tracked except for
+// one bit: first says that s starts at offset 0 of the encoded text (HF's offsets_original().0 == 0),
+// which Metaspace's prepend_scheme "first" depends on.
 type preTokenizer interface {
-	// each calls fn with every non-empty piece of s, in order.
-	each(s string, fn func(string))
+	// each calls fn with every non-empty piece of s, in order, and whether that piece starts the text.
+	each(s string, first bool, fn func(piece string, first bool))
 }
 
 type preJSON struct {
@@ -153,14 +155,14 @@ func preStages(raw json.RawMessage, path string) ([]preTokenizer, bool, error) {
 		if p.PrependScheme != nil {
 			scheme = *p.PrependScheme
 		}
-		if scheme != "always" && scheme != "never" {
+		if scheme != "always" && scheme != "never" && scheme != "first" {
 			return nil, false, unsupported(path, "Metaspace", "prepend_scheme "+scheme)
 		}
 		rep := p.Replacement
 		if rep == "" {
 			rep = "\u2581"
 		}
-		return []preTokenizer{&metaspacePre{rep: rep, prepend: scheme == "always", split: p.Split == nil || *p.Split}}, false, nil
+		return []preTokenizer{&metaspacePre{rep: rep, scheme: scheme, split: p.Split == nil || *p.Split}}, false, nil
 	}
 	return nil, false, unsupported(path, p.Type, "")
 }
@@ -175,47 +177,48 @@ func compileRegex(pat, path string) (*regexp2.Regexp, error) {
 
 type seqPre []preTokenizer
 
-func (s seqPre) each(x string, fn func(string)) { s.run(0, x, fn) }
+func (s seqPre) each(x string, first bool, fn func(string, bool)) { s.run(0, x, first, fn) }
 
-func (s seqPre) run(k int, x string, fn func(string)) {
+func (s seqPre) run(k int, x string, first bool, fn func(string, bool)) {
 	if k == len(s) {
-		fn(x)
+		fn(x, first)
 		return
 	}
-	s[k].each(x, func(p string) { s.run(k+1, p, fn) })
+	s[k].each(x, first, func(p string, f bool) { s.run(k+1, p, f, fn) })
 }
 
 // prefixSpacePre is ByteLevel's add_prefix_space: a space before any piece not starting with one.
 type prefixSpacePre struct{}
 
-func (prefixSpacePre) each(s string, fn func(string)) {
+func (prefixSpacePre) each(s string, first bool, fn func(string, bool)) {
 	if s != "" && s[0] != ' ' {
 		s = " " + s
 	}
 	if s != "" {
-		fn(s)
+		fn(s, first)
 	}
 }
 
-// metaspacePre is HF's Metaspace pre-tokenizer (prepend_scheme always or never).
+// metaspacePre is HF's Metaspace pre-tokenizer: spaces become the replacement character, which is
+// prepended to every piece (scheme "always"), to the piece that starts the text ("first") or never.
 type metaspacePre struct {
-	rep     string
-	prepend bool
-	split   bool
+	rep    string
+	scheme string
+	split  bool
 }
 
-func (m *metaspacePre) each(s string, fn func(string)) {
+func (m *metaspacePre) each(s string, first bool, fn func(string, bool)) {
 	s = strings.ReplaceAll(s, " ", m.rep)
-	if m.prepend && s != "" && !strings.HasPrefix(s, m.rep) {
+	if (m.scheme == "always" || (m.scheme == "first" && first)) && s != "" && !strings.HasPrefix(s, m.rep) {
 		s = m.rep + s
 	}
 	if !m.split {
 		if s != "" {
-			fn(s)
+			fn(s, first)
 		}
 		return
 	}
-	(&splitPre{lit: m.rep, behavior: "MergedWithNext"}).each(s, fn)
+	(&splitPre{lit: m.rep, behavior: "MergedWithNext"}).each(s, first, fn)
 }
 
 // splitPre is HF's Split pre-tokenizer on a literal or a regexp2 pattern.
@@ -284,7 +287,7 @@ func (sp *splitPre) spans(s string) []span {
 	return out
 }
 
-func (sp *splitPre) each(s string, fn func(string)) {
+func (sp *splitPre) each(s string, first bool, fn func(string, bool)) {
 	sps := sp.spans(s)
 	switch sp.behavior {
 	case "Isolated":
@@ -339,7 +342,7 @@ func (sp *splitPre) each(s string, fn func(string)) {
 	}
 	for _, x := range sps {
 		if x.end > x.start {
-			fn(s[x.start:x.end])
+			fn(s[x.start:x.end], first && x.start == 0)
 		}
 	}
 }

@@ -62,10 +62,10 @@ func at(s string, i int) (uint8, int) {
 	return cOther, w
 }
 
-func (g *gptScanner) each(s string, fn func(string)) {
+func (g *gptScanner) each(s string, first bool, fn func(string, bool)) {
 	for i := 0; i < len(s); {
 		j := g.next(s, i)
-		fn(s[i:j])
+		fn(s[i:j], first && i == 0)
 		i = j
 	}
 }

@@ -90,7 +90,7 @@ func dat(s string, i int) (uint8, int) {
 
 func isASCIILetter(c byte) bool { return (c|0x20) >= 'a' && (c|0x20) <= 'z' }
 
-func (d deepseekScanner) each(s string, fn func(string)) {
+func (d deepseekScanner) each(s string, first bool, fn func(string, bool)) {
 	for i := 0; i < len(s); {
 		k, w := runAt(s, i)
 		j := i + w
@@ -104,16 +104,16 @@ func (d deepseekScanner) each(s string, fn func(string)) {
 			n++
 		}
 		if k == runNumber {
-			fn(s[i:j])
+			fn(s[i:j], first && i == 0)
 		} else {
-			d.words(s[i:j], fn)
+			d.words(s[i:j], first && i == 0, fn)
 		}
 		i = j
 	}
 }
 
 // words applies the word pattern to one run.
-func (d deepseekScanner) words(s string, fn func(string)) {
+func (d deepseekScanner) words(s string, first bool, fn func(string, bool)) {
 	for i := 0; i < len(s); {
 		c, w := dat(s, i)
 		j := d.word(s, i, c, w)
@@ -128,7 +128,7 @@ func (d deepseekScanner) words(s string, fn func(string)) {
 				j += w2
 			}
 		}
-		fn(s[i:j])
+		fn(s[i:j], first && i == 0)
 		i = j
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 func pieces(p preTokenizer, s string) []string {
 	var out []string
-	p.each(s, func(x string) { out = append(out, x) })
+	p.each(s, true, func(x string, _ bool) { out = append(out, x) })
 	return out
 }
 

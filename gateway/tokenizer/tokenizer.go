@@ -45,7 +45,14 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) []u
 		dst = append(dst, t.prefix...)
 	}
 	e := encoder{t: t, out: dst}
-	t.rawAdded.split(text, e.normalizeText, e.token)
+	if t.rawAdded == nil {
+		if text != "" {
+			e.normalizeText(text, true)
+		}
+	} else {
+		t.rawAdded.splitSpans(text, func(a, b int) { e.normalizeText(text[a:b], a == 0) },
+			func(_, _ int, at *addedToken) { e.token(at.id) })
+	}
 	if addSpecial {
 		e.out = append(e.out, t.suffix...)
 	}
@@ -60,19 +67,20 @@ type encoder struct {
 
 func (e *encoder) token(id uint32) { e.out = append(e.out, id) }
 
-// normalizeText handles a run of text between raw-matched added tokens.
-func (e *encoder) normalizeText(s string) {
+// normalizeText handles a run of text between raw-matched added tokens; first says it starts the input.
+func (e *encoder) normalizeText(s string, first bool) {
 	if e.t.norm != nil {
 		s = e.t.norm.normalize(s)
 	}
 	if e.t.normAdded != nil {
-		e.t.normAdded.split(s, e.preTokenize, e.token)
+		e.t.normAdded.splitSpans(s, func(a, b int) { e.preTokenize(s[a:b], first && a == 0) },
+			func(_, _ int, at *addedToken) { e.token(at.id) })
 		return
 	}
-	e.preTokenize(s)
+	e.preTokenize(s, first)
 }
 
-func (e *encoder) preTokenize(s string) {
+func (e *encoder) preTokenize(s string, first bool) {
 	t := e.t
 	switch {
 	case t.scanner != nil:
@@ -82,13 +90,15 @@ func (e *encoder) preTokenize(s string) {
 			i = j
 		}
 	case t.pre != nil:
-		t.pre.each(s, e.piece)
+		t.pre.each(s, first, e.pieceFirst)
 	default:
 		if s != "" {
 			e.piece(s)
 		}
 	}
 }
+
+func (e *encoder) pieceFirst(w string, _ bool) { e.piece(w) }
 
 // piece BPE-encodes one pre-token through the word cache.
 func (e *encoder) piece(w string) {
@@ -222,9 +232,11 @@ func (t *Tokenizer) AddedTokenEnds(s string, fn func(p int) bool) {
 }
 
 // AppendEncodeText appends the IDs of one run of text from SplitAdded (normalization, the normalized
-// added tokens, pre-tokenization and BPE; no post-processor) to dst.
-func (t *Tokenizer) AppendEncodeText(dst []uint32, s string) []uint32 {
+// added tokens, pre-tokenization and BPE; no post-processor) to dst. atStart says the run starts the text
+// (SplitAdded's start == 0): a Metaspace pre-tokenizer with prepend_scheme "first" treats that run
+// differently, so a caller caching runs must not reuse one across that distinction.
+func (t *Tokenizer) AppendEncodeText(dst []uint32, s string, atStart bool) []uint32 {
 	e := encoder{t: t, out: dst}
-	e.normalizeText(s)
+	e.normalizeText(s, atStart)
 	return e.out
 }

@@ -143,7 +143,7 @@ func TestLoadErrors(t *testing.T) {
 		{"nested normalizer", build(`{"type":"Sequence","normalizers":[{"type":"NFC"},{"type":"Precompiled"}]}`, "null", "null", `"BPE"`),
 			"normalizer.normalizers[1]", "Precompiled"},
 		{"pre-tokenizer", build("null", `{"type":"Whitespace"}`, "null", `"BPE"`), "pre_tokenizer", "Whitespace"},
-		{"metaspace first", build("null", `{"type":"Metaspace","replacement":"▁","prepend_scheme":"first"}`, "null", `"BPE"`),
+		{"metaspace scheme", build("null", `{"type":"Metaspace","replacement":"▁","prepend_scheme":"sometimes"}`, "null", `"BPE"`),
 			"pre_tokenizer", "Metaspace"},
 		{"decoder", build("null", "null", `{"type":"WordPiece"}`, `"BPE"`), "decoder", "WordPiece"},
 	}
@@ -208,5 +208,21 @@ func TestSmallMetaspaceFile(t *testing.T) {
 	}
 	if got := tk.Decode([]uint32{5, 5, 3, 2}); got != "a a A" {
 		t.Errorf("Decode = %q, want %q", got, "a a A")
+	}
+}
+
+// TestMemberOrder: tokenizer.json members may come in any order (a re-serialized file often sorts them,
+// putting "model" before the pre-tokenizer); the result must not depend on it.
+func TestMemberOrder(t *testing.T) {
+	const model = `"model":{"type":"BPE","vocab":{"a":0,"▁":1,"▁a":2},"merges":["▁ a"]}`
+	const pre = `"pre_tokenizer":{"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true}`
+	for _, f := range []string{"{" + model + "," + pre + "}", "{" + pre + "," + model + "}"} {
+		tk, err := New([]byte(f), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tk.Encode("a a", false); !slices.Equal(got, []uint32{2, 2}) {
+			t.Errorf("%s: Encode = %v, want [2 2]", f, got)
+		}
 	}
 }

@@ -23,7 +23,31 @@ const zlib = require('zlib');
 const crypto = require('crypto');
 const { Tokenizer } = require('tokenizers');
 
-const ALL = ['qwen3', 'llama3_1', 'deepseek_v3', 'gemma3', 'llama2'];
+const ALL = ['qwen3', 'llama3_1', 'deepseek_v3', 'gemma3', 'llama2', 'llama2_metaspace_first'];
+
+// Derived models: a reference model's tokenizer.json with a component swapped, to cover a component none of
+// the five uses. The Go test (TestDerivedModels) applies the same edit. llama2_metaspace_first is Llama-2
+// rewritten the way Mistral/Llama tokenizer.json files are now written: no normalizer, a Metaspace
+// pre-tokenizer with prepend_scheme "first".
+const DERIVED = {
+  llama2_metaspace_first: {
+    base: 'llama2',
+    edit: (j) => {
+      j.normalizer = null;
+      j.pre_tokenizer = { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'first', split: false };
+      return j;
+    },
+  },
+};
+
+function loadTokenizer(modelsDir, m) {
+  const d = DERIVED[m];
+  if (!d) return Tokenizer.fromFile(path.join(modelsDir, m, 'tokenizer.json'));
+  const j = d.edit(JSON.parse(fs.readFileSync(path.join(modelsDir, d.base, 'tokenizer.json'), 'utf8')));
+  const tmp = path.join(require('os').tmpdir(), `kvgate-${m}-${process.pid}.json`);
+  fs.writeFileSync(tmp, JSON.stringify(j));
+  try { return Tokenizer.fromFile(tmp); } finally { fs.unlinkSync(tmp); }
+}
 
 function repoRoot() {
   let d = __dirname;
@@ -71,8 +95,7 @@ async function main() {
   const fuzz = readCases(path.join(o.out, 'fuzz.jsonl'));
   const bench = zlib.gunzipSync(fs.readFileSync(path.join(o.out, 'bench.txt.gz'))).toString('utf8');
   for (const m of o.names) {
-    const file = path.join(o.models, m, 'tokenizer.json');
-    const tok = Tokenizer.fromFile(file);
+    const tok = loadTokenizer(o.models, m);
     const lines = [];
     for (const c of corpus) lines.push(await caseLine(tok, c));
     const ids = Array.from((await tok.encode(bench, null, { addSpecialTokens: false })).getIds());
