@@ -267,7 +267,7 @@ func TestRetryAndBodiesPerEngineKind(t *testing.T) {
 	good.mu.Lock()
 	got = good.bodies[len(good.bodies)-1]
 	good.mu.Unlock()
-	ids := tok.Encode("Hello world", true)
+	ids := qwen.EncodeCompletion("Hello world")
 	want := strings.Replace(comp, `"Hello world"`, strings.ReplaceAll(fmt.Sprint(ids), " ", ","), 1)
 	if got != want {
 		t.Fatalf("vllm completions body:\n got %s\nwant %s", got, want)
@@ -329,7 +329,7 @@ func TestExplainAndPolicies(t *testing.T) {
 	if st != 200 || json.Unmarshal(b, &ex) != nil {
 		t.Fatalf("%d %s", st, b)
 	}
-	_, ids, _ := chatMLEncoder{tok}.EncodeChat([]byte(body))
+	_, ids, _ := qwen.EncodeChat([]byte(body))
 	if ex.PromptTokens != len(ids) || ex.Blocks != len(ids)/16 || ex.Chosen != ep || len(ex.Ranking) != 3 || ex.Ranking[0] != ep {
 		t.Fatalf("explain %+v (prompt %d tokens, routed to %s)\n%s", ex, len(ids), ep, b)
 	}

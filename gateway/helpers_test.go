@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,46 +17,22 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/route"
-	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
 const qwenDir = "../examples/models/qwen3"
 
-// chatMLEncoder is a test encoder: the real Qwen3 tokenizer over a plain ChatML rendering of the messages
-// (text content only). The gateway's production encoder is gateway/model; these tests exercise routing and
-// proxying, for which any deterministic rendering that the engine receives as prompt_token_ids is exact.
-type chatMLEncoder struct{ tok *tokenizer.Tokenizer }
-
-func (e chatMLEncoder) EncodeChat(body []byte) (string, []uint32, error) {
-	var req struct {
-		Messages []struct {
-			Role    string `json:"role"`
-			Content string `json:"content"`
-		} `json:"messages"`
-	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return "", nil, err
-	}
-	var b strings.Builder
-	for _, m := range req.Messages {
-		fmt.Fprintf(&b, "<|im_start|>%s\n%s<|im_end|>\n", m.Role, m.Content)
-	}
-	b.WriteString("<|im_start|>assistant\n")
-	return b.String(), e.tok.Encode(b.String(), false), nil
-}
-
-func (e chatMLEncoder) EncodeCompletion(p string) []uint32 { return e.tok.Encode(p, true) }
-
 var (
-	tokOnce sync.Once
-	tok     *tokenizer.Tokenizer
-	tokErr  error
+	modelOnce sync.Once
+	qwen      *model.Model
+	modelErr  error
 )
 
+// testEncoder loads the Qwen3 demo model once (the production encoder: chat template + tokenizer).
 func testEncoder(string) (route.Encoder, error) {
-	tokOnce.Do(func() { tok, tokErr = tokenizer.Load(qwenDir) })
-	return chatMLEncoder{tok}, tokErr
+	modelOnce.Do(func() { qwen, modelErr = model.Load(qwenDir) })
+	return qwen, modelErr
 }
 
 // startSims starts n simulated engines serving "qwen3" with KV events on loopback.
