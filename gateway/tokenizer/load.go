@@ -79,7 +79,7 @@ type addedTokenJSON struct {
 	SingleWord bool   `json:"single_word"`
 	LStrip     bool   `json:"lstrip"`
 	RStrip     bool   `json:"rstrip"`
-	Normalized bool   `json:"normalized"`
+	Normalized *bool  `json:"normalized"` // absent means true, HF's AddedToken default
 	Special    bool   `json:"special"`
 }
 
@@ -302,7 +302,7 @@ func (t *Tokenizer) buildAdded(list []addedTokenJSON) error {
 	// HF keeps the last definition of a duplicated content; keep file order otherwise.
 	for _, a := range list {
 		at := addedToken{id: a.ID, content: a.Content, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip,
-			normalized: a.Normalized, special: a.Special, decoded: a.Content}
+			normalized: a.Normalized == nil || *a.Normalized, special: a.Special, decoded: a.Content}
 		if t.byteLevel {
 			at.decoded = byteLevelDecode(a.Content)
 		}
