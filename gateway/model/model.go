@@ -46,20 +46,42 @@ type Model struct {
 
 // DefaultSegmentCacheBytes bounds the segment cache of a Model built by Load or New: the text of the
 // cached segments plus 4 bytes per cached token ID.
-const DefaultSegmentCacheBytes = 64 << 20
+const DefaultSegmentCacheBytes = 32 << 20
 
 // DefaultPrefixCacheBytes bounds the conversation-prefix cache of a Model built by Load or New: the prompt
-// strings the cached prefixes keep alive plus 4 bytes per cached token ID.
-const DefaultPrefixCacheBytes = 256 << 20
+// strings the cached prefixes keep alive plus 4 bytes per cached token ID (a 32k-token conversation takes
+// about 256 KiB, so the default holds about 250 of them).
+const DefaultPrefixCacheBytes = 64 << 20
+
+// Options sizes a Model's caches. Zero fields take the defaults; a negative field disables that cache.
+type Options struct {
+	SegmentCacheBytes int // bytes of cached text runs and their IDs; default DefaultSegmentCacheBytes
+	PrefixCacheBytes  int // bytes of cached conversation prefixes; default DefaultPrefixCacheBytes
+}
+
+func (o Options) limits() (segs, prefixes int) {
+	segs, prefixes = o.SegmentCacheBytes, o.PrefixCacheBytes
+	if segs == 0 {
+		segs = DefaultSegmentCacheBytes
+	}
+	if prefixes == 0 {
+		prefixes = DefaultPrefixCacheBytes
+	}
+	return max(segs, 0), max(prefixes, 0)
+}
 
 // minCachedSegment is the length below which a segment is encoded directly (the tokenizer's word cache
 // makes that as cheap as an LRU lookup).
 const minCachedSegment = 64
 
-// New builds a Model from a loaded tokenizer and a renderer (nil for a model without chat template).
-func New(tok *tokenizer.Tokenizer, tmpl Renderer) *Model {
-	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(DefaultSegmentCacheBytes),
-		prefixes: newPrefixCache(DefaultPrefixCacheBytes)}
+// New builds a Model from a loaded tokenizer and a renderer (nil for a model without chat template), with
+// the default cache sizes.
+func New(tok *tokenizer.Tokenizer, tmpl Renderer) *Model { return NewWithOptions(tok, tmpl, Options{}) }
+
+// NewWithOptions is New with explicit cache sizes.
+func NewWithOptions(tok *tokenizer.Tokenizer, tmpl Renderer, opts Options) *Model {
+	segs, prefixes := opts.limits()
+	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(segs), prefixes: newPrefixCache(prefixes)}
 }
 
 // Tokenizer returns the model's tokenizer.
@@ -149,7 +171,10 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 // Load reads an HF model directory: the tokenizer (tokenizer.json or tokenizer.json.gz,
 // tokenizer_config.json) and the chat template (gateway/chattemplate.Load). A directory without a chat
 // template loads; its EncodeChat returns ErrNoChatTemplate.
-func Load(dir string) (*Model, error) {
+func Load(dir string) (*Model, error) { return LoadWithOptions(dir, Options{}) }
+
+// LoadWithOptions is Load with explicit cache sizes.
+func LoadWithOptions(dir string, opts Options) (*Model, error) {
 	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		return nil, err
@@ -158,5 +183,5 @@ func Load(dir string) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", dir, err)
 	}
-	return New(tok, tmpl), nil
+	return NewWithOptions(tok, tmpl, opts), nil
 }

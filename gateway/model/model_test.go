@@ -392,3 +392,23 @@ func TestConcurrentConversations(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestCachesDisabled(t *testing.T) {
+	tk := loadTok(t, modelDir(t, "qwen3"))
+	md := NewWithOptions(tk, nil, Options{SegmentCacheBytes: -1, PrefixCacheBytes: -1})
+	turns := conversation(t, tk, 1500, 2000)
+	for k := 1; k <= len(turns); k++ {
+		p := chatML(turns[:k])
+		if got, want := md.EncodePrompt(p), tk.Encode(p, false); !slices.Equal(got, want) {
+			t.Fatalf("turn %d differs", k)
+		}
+	}
+	if n := md.segs.len(); n != 0 {
+		t.Errorf("disabled segment cache holds %d entries", n)
+	}
+	for i := range md.prefixes.shards {
+		if n := len(md.prefixes.shards[i].byKey); n != 0 {
+			t.Errorf("disabled prefix cache shard %d holds %d keys", i, n)
+		}
+	}
+}
