@@ -506,6 +506,7 @@ type capWriter struct {
 	dropped int
 }
 
+// Write keeps what fits under the limit and reports p as fully written (the guest must not fail).
 func (w *capWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -520,6 +521,7 @@ func (w *capWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// String returns the kept output.
 func (w *capWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
