@@ -1,6 +1,9 @@
 package model
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,4 +90,36 @@ func BenchmarkMultiTurn(b *testing.B) {
 		}
 		reportCPU(b, c0)
 	})
+}
+
+// BenchmarkEncodeChat renders and encodes reference chat requests end to end (Qwen3 template + tokenizer),
+// the per-request cost EncodeChat adds in the gateway.
+func BenchmarkEncodeChat(b *testing.B) {
+	md, err := Load(modelDir(b, "qwen3"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var convs []refConversation
+	raw, err := os.ReadFile(filepath.Join("testdata", "conversations.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &convs); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range convs {
+		if c.Name != "multi_turn" && c.Name != "tools_call" {
+			continue
+		}
+		body := requestBody(b, c)
+		b.Run(c.Name, func(b *testing.B) {
+			c0 := processCPU()
+			for b.Loop() {
+				if _, _, err := md.EncodeChat(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, c0)
+		})
+	}
 }
