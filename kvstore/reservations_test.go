@@ -45,20 +45,6 @@ func TestRedisReservationsThreeClients(t *testing.T) {
 	conformance.HammerReservations(t, handles)
 }
 
-func TestRedisClusterReservations(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node Redis Cluster")
-	}
-	cl := redistest.StartCluster(t, 3)
-	conformance.RunReservations(t, func(t *testing.T) kvstore.Reservations {
-		r, err := kvstore.NewRedisReservations(cl.Client(t), kvstore.RedisConfig{Prefix: freshPrefix()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	})
-}
-
 // TestMemoryReservationsFakeClock checks expiry on the injected clock: a lease counts until its deadline,
 // not at it, and a renewal moves the deadline.
 func TestMemoryReservationsFakeClock(t *testing.T) {

@@ -32,21 +32,6 @@ func TestRedisStoreBlobsAndLeases(t *testing.T) {
 	})
 }
 
-func TestRedisClusterStore(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node Redis Cluster")
-	}
-	cl := redistest.StartCluster(t, 3)
-	conformance.RunBlobsAndLeases(t, func(t *testing.T) *kvstore.Store {
-		s, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Cluster: true, Addrs: cl.Addrs[:1], Prefix: freshPrefix()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	})
-}
-
 func TestOpenStoreErrors(t *testing.T) {
 	ctx := context.Background()
 	for _, cfg := range []kvstore.StoreConfig{
