@@ -301,6 +301,9 @@ func checkCallGraph(wasm []byte) []string {
 				top.next++
 				switch {
 				case c < 0:
+				case colour[c] == 1 && c == top.f:
+					problems = append(problems, fmt.Sprintf(
+						"function %d calls itself without a loop (recursion wazero cannot interrupt)", c+imported))
 				case colour[c] == 1:
 					problems = append(problems, fmt.Sprintf(
 						"functions %d and %d call each other without a loop (recursion wazero cannot interrupt)",
