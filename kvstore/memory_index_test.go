@@ -2,6 +2,9 @@ package kvstore_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,5 +125,76 @@ func TestMemoryIndexTableChurn(t *testing.T) {
 	}
 	if n := idx.Len(); n != 0 {
 		t.Fatalf("after clear: %d keys", n)
+	}
+}
+
+// TestMemoryIndexStress runs matches against concurrent adds, removes, records, clears and evictions (a
+// 2,000-key bound under a larger working set) and checks every result stays possible.
+func TestMemoryIndexStress(t *testing.T) {
+	ctx := context.Background()
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: 2000, Shards: 4})
+	var chains [][]kvstore.BlockKey
+	for c := range 40 {
+		toks := make([]uint32, 16*100)
+		for i := range toks {
+			toks[i] = uint32(c*100000 + i)
+		}
+		chains = append(chains, kvstore.Hasher{}.Keys(toks, 16, kvstore.ExtraKeys{}))
+	}
+	var wg sync.WaitGroup
+	var writers atomic.Int32
+	writers.Store(3)
+	for w := range 3 {
+		wg.Go(func() {
+			ep := kvstore.EndpointID(fmt.Sprintf("w%d", w))
+			defer func() { writers.Add(-1) }()
+			for i := range 3000 {
+				ch := chains[(i*7+w)%len(chains)]
+				var err error
+				switch i % 5 {
+				case 0, 1:
+					err = idx.Add(ctx, "m", ep, kvstore.Tier(1+i%2), ch[:10+i%90])
+				case 2:
+					err = idx.Remove(ctx, "m", ep, kvstore.TierGPU, ch[i%50:i%50+5])
+				case 3:
+					err = idx.Record(ctx, "m", ep, ch[:20], time.Millisecond*time.Duration(1+i%3))
+				case 4:
+					if i%40 == 4 {
+						err = idx.ClearEndpoint(ctx, "m", ep)
+					}
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	hits := 0
+	for i := 0; writers.Load() > 0 || i < 1000; i++ {
+		ch := chains[i%len(chains)]
+		got, err := idx.Match(ctx, "m", ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) > 0 {
+			hits++
+		}
+		if len(got) > 3 {
+			t.Fatalf("%d endpoints matched, only 3 write", len(got))
+		}
+		for _, m := range got {
+			if m.GPUBlocks < 0 || m.CPUBlocks < 0 || m.GPUBlocks+m.CPUBlocks == 0 || m.GPUBlocks+m.CPUBlocks > len(ch) {
+				t.Fatalf("impossible match %+v", m)
+			}
+		}
+		if n := idx.Len(); n > 2000 {
+			t.Fatalf("%d keys over the bound", n)
+		}
+	}
+	wg.Wait()
+	t.Logf("%d matches with hits, %d keys at the end", hits, idx.Len())
+	if hits < 100 || idx.Len() < 500 {
+		t.Fatalf("stress too light: %d hits, %d keys", hits, idx.Len())
 	}
 }
