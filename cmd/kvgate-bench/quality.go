@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -92,6 +93,7 @@ func (b *bench) quality(ctx context.Context) error {
 		n, qualityGroups, len(prompts[0])-userWords, qualityClients, qualityEngines, qualityGPUBlocks)
 
 	var rows []qualityRow
+	var explain []byte
 	for _, p := range b.o.policies {
 		row := qualityRow{Policy: p}
 		if err := b.activate(ctx, g, p); err != nil {
@@ -113,6 +115,12 @@ func (b *bench) quality(ctx context.Context) error {
 		if err := b.runQuality(ctx, g, bodies, &row); err != nil {
 			row.Err = err.Error()
 		}
+		if p == config.DefaultPolicyName && explain == nil {
+			// One routing decision on the warm system, as POST /admin/v1/route explains it.
+			if ex, err := g.Explain(ctx, bodies[len(bodies)-1]); err == nil {
+				explain, _ = json.MarshalIndent(ex, "", "  ")
+			}
+		}
 		rows = append(rows, row)
 		fmt.Fprintf(b.out, "  measured %s\n", p)
 	}
@@ -133,6 +141,9 @@ func (b *bench) quality(ctx context.Context) error {
 			strings.Join(counts, "/"), row.MaxOverMean, row.Wall.Round(time.Millisecond))
 	}
 	w.Flush()
+	if explain != nil {
+		fmt.Fprintf(b.out, "\nPOST /admin/v1/route for the last request, warm system, three-tier:\n%s\n", explain)
+	}
 	return nil
 }
 
