@@ -265,6 +265,7 @@ func (g *Gateway) Close(ctx context.Context) error {
 // hostRanker adapts plugins.Host to route.Ranker.
 type hostRanker struct{ h *plugins.Host }
 
+// Rank asks the host and maps its RankInfo (version, fallback reason) to the router's.
 func (r hostRanker) Rank(ctx context.Context, model string, s *sdk.Snapshot) ([]int, route.RankInfo) {
 	rk, info := r.h.Rank(ctx, model, s)
 	ri := route.RankInfo{Policy: string(info.Version)}
@@ -306,12 +307,14 @@ var (
 
 type ingestCollector struct{ g *Gateway }
 
+// Describe implements prometheus.Collector.
 func (c *ingestCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon} {
 		ch <- d
 	}
 }
 
+// Collect implements prometheus.Collector from the running ingesters' stats.
 func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.g.IngestStats() {
 		ep := string(s.Endpoint)

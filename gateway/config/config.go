@@ -192,6 +192,7 @@ type Error struct {
 	Msg  string
 }
 
+// Error formats "config: [line N: ]key: message".
 func (e *Error) Error() string {
 	if e.Line > 0 {
 		return fmt.Sprintf("config: line %d: %s: %s", e.Line, e.Key, e.Msg)

@@ -236,6 +236,7 @@ func (s *Set) get(ctx context.Context, url string) ([]byte, error) {
 
 type statusError struct{ code int }
 
+// Error reports the unexpected status.
 func (e *statusError) Error() string { return "status " + strconv.Itoa(e.code) }
 
 func (s *Set) probe(ctx context.Context, st *state) {

@@ -24,6 +24,7 @@ type Error struct {
 	Code    any    `json:"code"`  // string or nil
 }
 
+// Error formats the status, type and message (logs; clients get JSON).
 func (e *Error) Error() string { return fmt.Sprintf("openai: %d %s: %s", e.Status, e.Type, e.Message) }
 
 // JSON returns the response body {"error":{...}}.
@@ -46,7 +47,7 @@ func Errorf(status int, typ, param, code, format string, a ...any) *Error {
 	return &Error{Status: status, Type: typ, Param: str(param), Code: str(code), Message: fmt.Sprintf(format, a...)}
 }
 
-// Constructors for the gateway's own errors.
+// BadRequest is 400 invalid_request_error; param names the offending field ("" for the whole body).
 func BadRequest(param, format string, a ...any) *Error {
 	return Errorf(http.StatusBadRequest, "invalid_request_error", param, "", format, a...)
 }
@@ -104,6 +105,7 @@ func (a API) Path() string {
 	return "/v1/completions"
 }
 
+// String returns "chat" or "completions".
 func (a API) String() string {
 	if a == Chat {
 		return "chat"

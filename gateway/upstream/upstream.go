@@ -140,6 +140,7 @@ func newIdleBody(rc io.ReadCloser, d time.Duration) *idleBody {
 	return b
 }
 
+// Read reads and restarts the idle timer on progress; after the timer fired it reports ErrIdle.
 func (b *idleBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if n > 0 {
@@ -156,6 +157,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Close stops the timer and closes the body (aborting the connection if unread).
 func (b *idleBody) Close() error {
 	b.t.Stop()
 	return b.rc.Close()
