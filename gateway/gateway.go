@@ -116,7 +116,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	ps := &policySync{g: g, applied: map[string][]byte{}, failed: map[string]bool{}}
 	g.policySync = ps
 	for _, m := range cfg.Models {
-		if err := g.activateConfigPolicy(m); err != nil {
+		if err := g.activateConfigPolicy(ctx, m); err != nil {
 			return nil, err
 		}
 	}
@@ -197,17 +197,39 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	return g, nil
 }
 
-// activateConfigPolicy activates the policy the config names for m: the built-in three-tier with its config.
-func (g *Gateway) activateConfigPolicy(m config.Model) error {
+// activateConfigPolicy activates the policy the config names for m: the built-in three-tier, or a module
+// already uploaded to the store ("name" = its only or latest-listed stored version, "name@sha256-prefix"), with
+// the config's JSON config.
+func (g *Gateway) activateConfigPolicy(ctx context.Context, m config.Model) error {
 	name := m.Policy.Name
-	if name == config.DefaultPolicyName || name == string(g.host.BuiltinVersion()) ||
-		strings.HasPrefix(string(g.host.BuiltinVersion()), name+"@") && strings.Contains(name, "@") {
+	builtin := string(g.host.BuiltinVersion())
+	if name == config.DefaultPolicyName || name == builtin || (strings.Contains(name, "@") && strings.HasPrefix(builtin, name)) {
 		if err := g.host.Activate(m.Name, g.host.BuiltinVersion(), m.Policy.ConfigJSON()); err != nil {
 			return fmt.Errorf("gateway: model %s: policy: %w", m.Name, err)
 		}
 		return nil
 	}
-	return fmt.Errorf("gateway: model %s: policy %q is not built in; upload it and activate it through the admin API", m.Name, name)
+	blobs, err := g.store.Blobs.ListBlobs(ctx)
+	if err != nil {
+		return fmt.Errorf("gateway: model %s: policy %q: list stored policies: %w", m.Name, name, err)
+	}
+	var found []string
+	for _, b := range blobs {
+		if strings.HasPrefix(b.Name, name) && (strings.Contains(name, "@") || strings.HasPrefix(b.Name, name+"@")) {
+			found = append(found, b.Name)
+		}
+	}
+	if len(found) != 1 {
+		return fmt.Errorf("gateway: model %s: policy %q matches %d stored versions (upload it with `kvgate policy upload`, or pin name@sha256): %v",
+			m.Name, name, len(found), found)
+	}
+	if err := g.policySync.ensureLoaded(ctx, found[0]); err != nil {
+		return fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
+	}
+	if err := g.host.Activate(m.Name, plugins.Version(found[0]), m.Policy.ConfigJSON()); err != nil {
+		return fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
+	}
+	return nil
 }
 
 // Addr is the address the server listens on.

@@ -175,6 +175,20 @@ func TestGatewayOnRedisCluster(t *testing.T) {
 	if g.Router().StoreStatus().Down {
 		t.Fatalf("store down: %+v", g.Router().StoreStatus())
 	}
+	// A module uploaded to the store can be named in another gateway's config.
+	req, _ := http.NewRequest(http.MethodPut, "http://"+g.Addr()+"/admin/v1/policies/tt4", strings.NewReader(string(plugins.BuiltinWasm)))
+	req.Header.Set("Authorization", "Bearer admintok")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 201 {
+		t.Fatalf("upload: %v %v", err, resp)
+	} else {
+		resp.Body.Close()
+	}
+	cfg2 := strings.Replace(gwYAML(simEndpointsYAML(engines, 64), "store: {kind: redis, cluster: true, addrs: ["+addrs+"]}\n"),
+		"    queue_timeout: 400ms\n", "    queue_timeout: 400ms\n    policy: {name: tt4, config: {imbalance_threshold: 5}}\n", 1)
+	g2 := startGateway(t, cfg2)
+	if v, c := g2.Host().Active("qwen3"); v != plugins.VersionOf("tt4", plugins.BuiltinWasm) || string(c) != `{"imbalance_threshold":5}` {
+		t.Fatalf("config policy: %s %s", v, c)
+	}
 	st, _, b = post(t, "http://"+g.Addr()+"/admin/v1/policies/activate",
 		`{"model":"qwen3","version":"`+string(g.Host().BuiltinVersion())+`","config":{"imbalance_threshold":3}}`, "Authorization", "Bearer admintok")
 	if st != 200 {
