@@ -2,8 +2,6 @@ package tokenizer
 
 import (
 	"container/heap"
-	"hash/maphash"
-	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -279,62 +277,4 @@ func (b *bpe) mergeHeap(s []uint32) int {
 		}
 	}
 	return k
-}
-
-// wordCache is a bounded, lock-free, two-way set-associative cache from a pre-token to its BPE IDs. Slots
-// are atomic pointers to immutable entries, so readers never lock and a racing writer at worst replaces an
-// entry another goroutine just stored. It caches words, never whole inputs.
-type wordCache struct {
-	slots []atomic.Pointer[cacheEntry]
-	mask  uint64
-	seed  maphash.Seed
-}
-
-type cacheEntry struct {
-	word string
-	ids  []uint32
-}
-
-// wordCacheSlots bounds the cache: 2^17 entries of at most maxCachedWord bytes each.
-const (
-	wordCacheSlots = 1 << 17
-	maxCachedWord  = 64
-)
-
-func newWordCache(slots int) *wordCache {
-	return &wordCache{slots: make([]atomic.Pointer[cacheEntry], slots), mask: uint64(slots - 1), seed: maphash.MakeSeed()}
-}
-
-func (c *wordCache) get(w string) ([]uint32, uint64, bool) {
-	h := maphash.String(c.seed, w)
-	i := h & c.mask
-	if e := c.slots[i].Load(); e != nil && e.word == w {
-		return e.ids, h, true
-	}
-	if e := c.slots[i^1].Load(); e != nil && e.word == w {
-		return e.ids, h, true
-	}
-	return nil, h, false
-}
-
-func (c *wordCache) put(h uint64, w string, ids []uint32) {
-	e := &cacheEntry{word: w, ids: ids}
-	i := h & c.mask
-	if c.slots[i].Load() == nil {
-		c.slots[i].Store(e)
-		return
-	}
-	if c.slots[i^1].Load() == nil {
-		c.slots[i^1].Store(e)
-		return
-	}
-	// Both ways taken: evict one, chosen by a hash bit so neither way is always the victim.
-	c.slots[i^((h>>40)&1)].Store(e)
-}
-
-// reset empties the cache (benchmarks use it to measure cold encoding).
-func (c *wordCache) reset() {
-	for i := range c.slots {
-		c.slots[i].Store(nil)
-	}
 }

@@ -16,7 +16,8 @@
 //
 // Components this package does not implement make Load fail with an *UnsupportedError naming them; Encode
 // never fails. A Tokenizer is immutable after Load except for its bounded per-word cache, which is lock-free
-// (a fixed array of atomic pointers), so it is safe for concurrent use by any number of goroutines.
+// (a fixed array of seqlock-guarded atomic words), so it is safe for concurrent use by any number of
+// goroutines.
 //
 // Token IDs are uint32, as in HF. Text is UTF-8; invalid UTF-8 in the input is replaced by U+FFFD before
 // encoding (which is what a JSON decoder does to a request body anyway).

@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -107,14 +106,14 @@ func (e *encoder) piece(w string) {
 		e.out = t.model.encodeWord(e.out, w, t.byteLevel)
 		return
 	}
-	ids, h, ok := t.cache.get(w)
+	out, h, ok := t.cache.get(e.out, w)
 	if ok {
-		e.out = append(e.out, ids...)
+		e.out = out
 		return
 	}
 	start := len(e.out)
 	e.out = t.model.encodeWord(e.out, w, t.byteLevel)
-	t.cache.put(h, strings.Clone(w), slices.Clone(e.out[start:]))
+	t.cache.put(h, w, e.out[start:])
 }
 
 // Decode turns IDs back into text like HF's decode(ids, skip_special_tokens=false): every token, added
