@@ -160,3 +160,19 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// waitSubscribed waits until every engine's KV-event publisher has a subscriber (a gateway's ingester), so
+// no event of the test's first request is lost to ZMQ's slow-joiner window.
+func waitSubscribed(t testing.TB, engines []*sim.Engine) {
+	t.Helper()
+	if !waitFor(10*time.Second, func() bool {
+		for _, e := range engines {
+			if len(e.EventSubscriptions()) == 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("engines have no event subscriber")
+	}
+}

@@ -88,8 +88,10 @@ func (g *Gateway) runIngestion(ctx context.Context, m config.Model, e config.End
 				lastRenew = time.Now()
 			case err == nil && !ok:
 				stop("lease lost")
-			case time.Since(lastRenew) > IngestLeaseTTL:
-				stop("store unreachable: lease expired")
+			case time.Since(lastRenew)+IngestLeaseTick >= IngestLeaseTTL:
+				// Stop before the lease can expire on the store, so a gateway taking over never overlaps
+				// with us for more than a moment.
+				stop("store unreachable: lease about to expire")
 			}
 		}
 		cancel()
