@@ -211,16 +211,24 @@ type mergeItem struct {
 
 type mergeHeap []mergeItem
 
+// Len, Less, Swap, Push and Pop implement heap.Interface (unexported type; methods exported for it).
 func (h mergeHeap) Len() int { return len(h) }
+
+// Less orders by rank, then by position (leftmost first).
 func (h mergeHeap) Less(i, j int) bool {
 	if h[i].rank != h[j].rank {
 		return h[i].rank < h[j].rank
 	}
 	return h[i].pos < h[j].pos
 }
-func (h mergeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *mergeHeap) Push(x any)        { *h = append(*h, x.(mergeItem)) }
-func (h *mergeHeap) Pop() any          { o := *h; x := o[len(o)-1]; *h = o[:len(o)-1]; return x }
+// Swap implements heap.Interface.
+func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+
+// Push implements heap.Interface.
+func (h *mergeHeap) Push(x any) { *h = append(*h, x.(mergeItem)) }
+
+// Pop implements heap.Interface.
+func (h *mergeHeap) Pop() any { o := *h; x := o[len(o)-1]; *h = o[:len(o)-1]; return x }
 func (h *mergeHeap) push(it mergeItem) { heap.Push(h, it) }
 
 // mergeHeap is HF's Word::merge_all for long words: a min-heap of (rank, position) with stale entries

@@ -21,6 +21,7 @@ type UnsupportedError struct {
 	Detail string
 }
 
+// Error implements error.
 func (e *UnsupportedError) Error() string {
 	s := fmt.Sprintf("tokenizer: unsupported %s %q", e.Component, e.Type)
 	if e.Detail != "" {
