@@ -221,6 +221,7 @@ func (h mergeHeap) Less(i, j int) bool {
 	}
 	return h[i].pos < h[j].pos
 }
+
 // Swap implements heap.Interface.
 func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 
@@ -228,7 +229,7 @@ func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *mergeHeap) Push(x any) { *h = append(*h, x.(mergeItem)) }
 
 // Pop implements heap.Interface.
-func (h *mergeHeap) Pop() any { o := *h; x := o[len(o)-1]; *h = o[:len(o)-1]; return x }
+func (h *mergeHeap) Pop() any          { o := *h; x := o[len(o)-1]; *h = o[:len(o)-1]; return x }
 func (h *mergeHeap) push(it mergeItem) { heap.Push(h, it) }
 
 // mergeHeap is HF's Word::merge_all for long words: a min-heap of (rank, position) with stale entries
