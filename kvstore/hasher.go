@@ -2,9 +2,14 @@ package kvstore
 
 import (
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
+
+// littleEndian reports whether this host stores uint32 little-endian, so a token slice's memory already
+// is the LE32 encoding the key definition hashes.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // Hasher computes kvgate's block keys: chained 64-bit keys over full blocks of prompt tokens.
 //
@@ -104,8 +109,12 @@ func extrasLen(extra ExtraKeys) int { return 10 + len(extra.LoRA) + len(extra.Ca
 // blockInput writes one block's hash input into buf[:0] (which must have room) and returns it.
 func blockInput(buf []byte, parent BlockKey, first bool, block []uint32, extra ExtraKeys) []byte {
 	b := binary.LittleEndian.AppendUint64(buf[:0], uint64(parent))
-	for _, t := range block {
-		b = binary.LittleEndian.AppendUint32(b, t)
+	if littleEndian && len(block) > 0 {
+		b = append(b, unsafe.Slice((*byte)(unsafe.Pointer(&block[0])), 4*len(block))...)
+	} else {
+		for _, t := range block {
+			b = binary.LittleEndian.AppendUint32(b, t)
+		}
 	}
 	if extra.LoRA != "" {
 		b = append(b, 'L')
