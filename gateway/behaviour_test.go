@@ -303,7 +303,7 @@ func TestUpstreamStatusAndStaleConnections(t *testing.T) {
 func TestExplainAndPolicies(t *testing.T) {
 	engines := startSims(t, 3, nil)
 	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
-	waitSubscribed(t, engines)
+	waitSubscribed(t, engines, g)
 	base := "http://" + g.Addr()
 	body := `{"model":"qwen3","max_tokens":2,"messages":[{"role":"system","content":` + fmt.Sprintf("%q", longSystemPrompt(30)) + `},{"role":"user","content":"hi"}]}`
 	st, h, _ := post(t, base+"/v1/chat/completions", body)

@@ -33,7 +33,7 @@ func longSystemPrompt(n int) string {
 func TestOpenAIClientAndAffinity(t *testing.T) {
 	engines := startSims(t, 3, nil)
 	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
-	waitSubscribed(t, engines)
+	waitSubscribed(t, engines, g)
 	c := client(g)
 	ctx := context.Background()
 	sys := longSystemPrompt(40)

@@ -162,9 +162,31 @@ func TestMain(m *testing.M) {
 }
 
 // waitSubscribed waits until every engine's KV-event publisher has a subscriber (a gateway's ingester), so
-// no event of the test's first request is lost to ZMQ's slow-joiner window.
-func waitSubscribed(t testing.TB, engines []*sim.Engine) {
+// no event of the test's first request is lost to ZMQ's slow-joiner window, then sends each engine one
+// request directly and waits until the gateways' ingesters have applied its events: an ingester clears its
+// endpoint on its first message (kvevents), which would also drop the speculative entries a test's first
+// routed request just wrote.
+func waitSubscribed(t testing.TB, engines []*sim.Engine, gws ...*Gateway) {
 	t.Helper()
+	defer func() {
+		for _, e := range engines {
+			post(t, "http://"+e.HTTPAddr()+"/v1/completions", `{"model":"qwen3","max_tokens":1,"prompt":"`+
+				strings.Repeat("prime the event stream of this engine ", 8)+`"}`)
+		}
+		if !waitFor(10*time.Second, func() bool {
+			n := 0
+			for _, g := range gws {
+				for _, s := range g.IngestStats() {
+					if s.HaveSeq {
+						n++
+					}
+				}
+			}
+			return n == len(engines)
+		}) {
+			t.Fatal("ingesters never applied their first events")
+		}
+	}()
 	if !waitFor(10*time.Second, func() bool {
 		for _, e := range engines {
 			if len(e.EventSubscriptions()) == 0 {

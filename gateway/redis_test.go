@@ -54,7 +54,7 @@ func TestTwoGatewaysOnRedis(t *testing.T) {
 		t.Fatalf("%d ingesters for 3 endpoints", n)
 	}
 
-	waitSubscribed(t, engines)
+	waitSubscribed(t, engines, a, b)
 	lap("ingesters checked")
 	// Same prefix through different gateways → same endpoint.
 	sys := longSystemPrompt(30)
@@ -159,7 +159,7 @@ func TestGatewayOnRedisCluster(t *testing.T) {
 	engines := startSims(t, 2, nil)
 	addrs := `"` + strings.Join(cl.Addrs, `", "`) + `"`
 	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "store: {kind: redis, cluster: true, addrs: ["+addrs+"]}\n"))
-	waitSubscribed(t, engines)
+	waitSubscribed(t, engines, g)
 	sys := longSystemPrompt(30)
 	body := func(q string) string {
 		return fmt.Sprintf(`{"model":"qwen3","max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, sys, q)
