@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
+	"github.com/kvgate/kvgate/kvstore/redistest"
 )
 
 func cpuTime() time.Duration {
@@ -24,9 +25,17 @@ func cpuTime() time.Duration {
 // of the p50-ns figures is the gateway's added latency, the difference of cpu-ns/op its CPU per request
 // (the engine's own work is in both). The request is a ~1.8k-token conversation prefix seen before plus
 // ~200 new tokens and 1 output token; the engines run with TimeScale 0 (no simulated sleeping).
-func BenchmarkOverhead(b *testing.B) {
+func BenchmarkOverhead(b *testing.B) { benchOverhead(b, "") }
+
+// BenchmarkOverheadRedis is BenchmarkOverhead with the store on a local redis-server.
+func BenchmarkOverheadRedis(b *testing.B) {
+	rs := redistest.Start(b)
+	benchOverhead(b, fmt.Sprintf("store: {kind: redis, addrs: [%q]}\n", rs.Addr))
+}
+
+func benchOverhead(b *testing.B, storeYAML string) {
 	engines := startSims(b, 4, func(c *sim.Config) { c.TimeScale = 0 })
-	g := startGateway(b, gwYAML(simEndpointsYAML(engines, 1024), ""))
+	g := startGateway(b, gwYAML(simEndpointsYAML(engines, 1024), storeYAML))
 	var sys strings.Builder
 	for i := 0; sys.Len() < 7000; i++ {
 		fmt.Fprintf(&sys, "Policy %d: be precise, cite section %d, and keep answers short. ", i, i*3)
