@@ -285,7 +285,24 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	if len(p.Candidates) == 0 {
 		return nil, fmt.Errorf("%w: %w", openai.Unavailable(req.Model), errNoHealthy)
 	}
-	// 3. match
+	// 3. match, and 4. the in-flight leases for the snapshot. On a remote store the two round trips run
+	// concurrently (the in-flight read starts first, in its own goroutine).
+	type inflightResult struct {
+		m   map[kvstore.EndpointID]kvstore.Cost
+		err error
+	}
+	var inflCh chan inflightResult
+	readInflight := func() inflightResult {
+		if r.o.Reservations == nil || !r.storeUp() {
+			return inflightResult{}
+		}
+		m, err := r.o.Reservations.InFlight(ctx, ids)
+		return inflightResult{m, err}
+	}
+	if r.o.Pinger != nil {
+		inflCh = make(chan inflightResult, 1)
+		go func() { inflCh <- readInflight() }()
+	}
 	p.LoadOnly = r.o.Index == nil || !r.storeUp()
 	if !p.LoadOnly && len(p.Keys) > 0 {
 		ms, err := r.o.Index.Match(ctx, m.Name, p.Keys)
@@ -302,15 +319,16 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		}
 	}
 	t = stage(metrics.StageMatch, t)
-	// 4. snapshot: in-flight leases
-	var infl map[kvstore.EndpointID]kvstore.Cost
-	if r.o.Reservations != nil && r.storeUp() {
-		var err error
-		infl, err = r.o.Reservations.InFlight(ctx, ids)
-		if err != nil && ctx.Err() == nil {
-			r.storeFailed("inflight", err)
-			infl = nil
-		}
+	var ir inflightResult
+	if inflCh != nil {
+		ir = <-inflCh
+	} else {
+		ir = readInflight()
+	}
+	infl := ir.m
+	if ir.err != nil && ctx.Err() == nil {
+		r.storeFailed("inflight", ir.err)
+		infl = nil
 	}
 	if infl == nil || !r.storeUp() {
 		infl, _ = r.local.InFlight(ctx, ids)
@@ -469,7 +487,8 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	}
 }
 
-// Record writes the plan's block keys as a speculative entry for the claimed endpoint (best effort).
+// Record counts the routed prompt and matched tokens and writes the plan's block keys as a speculative entry
+// for the claimed endpoint, in the background (best effort; a store error marks the store down).
 func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	cd := p.Candidates[c.Index]
 	bs := p.Model.BlockSize
@@ -479,11 +498,18 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	if r.o.Index == nil || len(p.Keys) == 0 || !r.storeUp() {
 		return
 	}
-	start := r.o.Now()
-	if err := r.o.Index.Record(ctx, p.Model.Name, c.Lease.Endpoint, p.Keys, r.o.SpeculativeTTL); err != nil && ctx.Err() == nil {
-		r.storeFailed("record", err)
-	}
-	r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
+	// Off the request's critical path: the entry only has to beat the engine's own events (tens of ms),
+	// and it must be written even if the request ends first.
+	model, ep, keys := p.Model.Name, c.Lease.Endpoint, p.Keys
+	go func() {
+		start := r.o.Now()
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := r.o.Index.Record(rctx, model, ep, keys, r.o.SpeculativeTTL); err != nil {
+			r.storeFailed("record", err)
+		}
+		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
+	}()
 }
 
 // Renew extends c's lease by the lease TTL; the server calls it every TTL/3 on long responses.
