@@ -9,24 +9,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
-// tokModelDir locates a reference model like the tokenizer tests do.
-func tokModelDir(t *testing.T, m string) string {
-	t.Helper()
-	base := os.Getenv("KVGATE_MODELS_DIR")
-	if base == "" {
-		base = filepath.Join("..", "..", ".cache", "models")
-	}
-	dir := filepath.Join(base, m)
-	if _, err := os.Stat(dir); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("model %s missing at %s (CI=true): run `make models`", m, dir)
-		}
-		t.Skipf("model %s missing at %s: run `make models`", m, dir)
-	}
-	return dir
-}
+// tokModelDir locates a reference model like the tokenizer tests do (internal/testenv.ModelDir).
+func tokModelDir(t *testing.T, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 func runTokenize(t *testing.T, stdin string, args ...string) (string, error) {
 	t.Helper()

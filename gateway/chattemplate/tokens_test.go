@@ -2,28 +2,17 @@ package chattemplate_test
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
-// modelsDir is where `make models` puts the reference tokenizer files.
-const modelsDir = "../../.cache/models"
-
-func needModel(t *testing.T, model string) string {
-	t.Helper()
-	dir := filepath.Join(modelsDir, model)
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		if testing.Short() {
-			t.Skipf("%s missing (run `make models`)", dir)
-		}
-		t.Fatalf("%s missing: run `make models` (make test does)", dir)
-	}
-	return dir
-}
+// needModel returns the directory of a reference model fetched by `make models`; a missing model skips the
+// test, or fails it when CI=true (internal/testenv.ModelDir).
+func needModel(t *testing.T, model string) string { t.Helper(); return testenv.ModelDir(t, model) }
 
 // TestRenderTokenIDs encodes every reference render (add_special_tokens=false, as vLLM encodes chat
 // prompts) with gateway/tokenizer and compares with the IDs HF's Rust tokenizers produced

@@ -16,43 +16,15 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test directory")
-		}
-		dir = parent
-	}
-}
+// repoRoot is the directory holding go.mod (internal/testenv.RepoRoot).
+func repoRoot(t testing.TB) string { t.Helper(); return testenv.RepoRoot(t) }
 
-// modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); missing fails under
-// CI=true and skips otherwise.
-func modelDir(t testing.TB, m string) string {
-	t.Helper()
-	base := os.Getenv("KVGATE_MODELS_DIR")
-	if base == "" {
-		base = filepath.Join(repoRoot(t), ".cache", "models")
-	}
-	dir := filepath.Join(base, m)
-	if _, err := os.Stat(dir); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("model %s missing at %s (CI=true): run `make models`", m, dir)
-		}
-		t.Skipf("model %s missing at %s: run `make models`", m, dir)
-	}
-	return dir
-}
+// modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); a missing model skips
+// the test, or fails it when CI=true (internal/testenv.ModelDir).
+func modelDir(t testing.TB, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 var (
 	toksMu sync.Mutex

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/vllmhash"
 )
@@ -27,13 +28,9 @@ type pypub struct {
 	pubPort, routerPort int
 }
 
-const python = "/usr/bin/python3" // Debian's python3-zmq loads only here
-
 func startPub(t *testing.T, pubPort, routerPort int) *pypub {
 	t.Helper()
-	if _, err := os.Stat(python); err != nil {
-		t.Skipf("no %s: %v", python, err)
-	}
+	python := testenv.PythonWith(t, "zmq", "msgpack") // Debian's python3-zmq loads only under /usr/bin/python3
 	cmd := exec.Command(python, "testdata/pypub.py", fmt.Sprint(pubPort), fmt.Sprint(routerPort))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

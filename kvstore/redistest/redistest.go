@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a single server on a free loopback port
 // (Start) and a Redis Cluster of N masters (StartCluster). Servers run with persistence off and are killed
 // when the test ends. When redis-server is not on PATH the test is skipped, or fails when the environment
-// variable CI is "true".
+// variable CI is "true" (internal/testenv.Command).
 package redistest
 
 import (
@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // Server is one redis-server process on 127.0.0.1.
@@ -36,14 +38,7 @@ type Server struct {
 
 func redisBinary(t testing.TB, name string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redistest: %s not found on PATH (required in CI)", name)
-		}
-		t.Skipf("redistest: %s not found on PATH", name)
-	}
-	return p
+	return testenv.Command(t, name)
 }
 
 func freePort(t testing.TB) int {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // goldenPayloads reads testdata/payloads.hex.txt (copied from the reference kv-events goldens).
@@ -105,10 +107,8 @@ func startSub(t *testing.T, e *Engine, topic string, n int) *pyClient {
 
 func startPy(t *testing.T, args ...string) *pyClient {
 	t.Helper()
-	if err := exec.Command("/usr/bin/python3", "-c", "import zmq, msgpack").Run(); err != nil {
-		t.Skipf("python3-zmq / python3-msgpack not available: %v", err)
-	}
-	cmd := exec.Command("/usr/bin/python3", append([]string{"testdata/zmq_client.py"}, args...)...)
+	python := testenv.PythonWith(t, "zmq", "msgpack")
+	cmd := exec.Command(python, append([]string{"testdata/zmq_client.py"}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
