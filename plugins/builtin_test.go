@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // TestBuiltinReproducible rebuilds plugins/builtin/threetier exactly as `make policies` does and checks
@@ -15,10 +17,7 @@ func TestBuiltinReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a Wasm module")
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go command not on PATH")
-	}
+	goBin := testenv.Command(t, "go")
 	out := filepath.Join(t.TempDir(), "threetier.wasm")
 	cmd := exec.Command(goBin, "build", "-trimpath", "-buildvcs=false", "-buildmode=c-shared", "-o", out, "./builtin/threetier")
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
