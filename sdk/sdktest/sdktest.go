@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
 )
@@ -133,10 +134,7 @@ func Build(t testing.TB, pkg string) []byte {
 	if b, ok := buildCache[abs]; ok {
 		return b
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go command not on PATH")
-	}
+	goBin := testenv.Command(t, "go") // skips without go on PATH; fails when CI=true
 	out := filepath.Join(t.TempDir(), "policy.wasm")
 	cmd := exec.Command(goBin, "build", "-trimpath", "-buildvcs=false", "-buildmode=c-shared", "-o", out, ".")
 	cmd.Dir = abs
