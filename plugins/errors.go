@@ -26,7 +26,7 @@ var (
 
 // ValidationError is Load's error for a rejected module; errors.Is(err, ErrInvalidModule) holds.
 type ValidationError struct {
-	Report *ValidationReport
+	Report *ValidationReport // the full report; Report.Problems says why the module was rejected
 }
 
 // Error implements error, listing the report's problems.

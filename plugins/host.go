@@ -457,10 +457,10 @@ func (h *Host) disable(ver *version, why string) {
 
 // VersionInfo describes one loaded version.
 type VersionInfo struct {
-	Version   Version
-	Name      string
-	SHA256    string
-	SizeBytes int
+	Version   Version   // name@sha256
+	Name      string    // the name it was loaded under
+	SHA256    string    // lowercase hex digest of the module bytes
+	SizeBytes int       // module size in bytes
 	Builtin   bool      // the embedded three-tier module (trusted: runs without interruption)
 	Disabled  bool      // disabled after a missed deadline
 	ActiveFor []string  // models it is active for, sorted

@@ -4,8 +4,8 @@ import "github.com/kvgate/kvgate/sdk"
 
 // Sample is one named snapshot Load sends to a module during validation.
 type Sample struct {
-	Name     string
-	Snapshot Snapshot
+	Name     string   // short label shown in ValidationReport
+	Snapshot Snapshot // what the module is asked to rank
 }
 
 // SampleSnapshots returns the validation samples: the edge cases (no endpoint, none healthy, one

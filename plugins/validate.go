@@ -35,24 +35,24 @@ var AllowedImports = []string{
 
 // ValidationReport is what Load found out about a module.
 type ValidationReport struct {
-	Version     Version
-	SizeBytes   int
-	CompileTime time.Duration
-	ABIMinor    int32    // the guest's minor ABI version (-1 if unknown)
-	BufferCap   uint32   // bytes in the guest's buffer
-	Imports     []string // "module.name", sorted
-	Exports     []string // exported function names, sorted
-	Samples     []SampleResult
-	Problems    []string // empty when the module was accepted
+	Version     Version        // name@sha256 of the module
+	SizeBytes   int            // module size in bytes
+	CompileTime time.Duration  // wazero compilation time (near zero from a warm cache)
+	ABIMinor    int32          // the guest's minor ABI version (-1 if unknown)
+	BufferCap   uint32         // bytes in the guest's buffer
+	Imports     []string       // "module.name", sorted
+	Exports     []string       // exported function names, sorted
+	Samples     []SampleResult // one per SampleSnapshots entry, in order
+	Problems    []string       // empty when the module was accepted
 }
 
 // SampleResult is one sample snapshot's outcome during validation.
 type SampleResult struct {
-	Name      string
-	Endpoints int
-	Ranking   []int
-	Duration  time.Duration
-	Problem   string // empty when the answer was a valid ranking within the deadline
+	Name      string        // Sample.Name
+	Endpoints int           // endpoints in the sample snapshot
+	Ranking   []int         // the module's answer, indices into the snapshot's endpoints
+	Duration  time.Duration // wall time of the call
+	Problem   string        // empty when the answer was a valid ranking within the deadline
 }
 
 // OK reports whether the module was accepted.

@@ -89,8 +89,8 @@ func (e *Endpoint) Healthy() bool { return e.Flags&FlagHealthy != 0 }
 
 // Snapshot is what a policy sees for one request: the request and every candidate endpoint.
 type Snapshot struct {
-	Request   Request
-	Endpoints []Endpoint
+	Request   Request    // the request being routed
+	Endpoints []Endpoint // the candidates; Endpoint.Index is each one's position here
 }
 
 // ErrMalformed is returned by DecodeSnapshot for a buffer that does not hold a valid v1 snapshot.

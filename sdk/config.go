@@ -15,9 +15,9 @@ type Field struct {
 
 // ConfigError is DecodeConfig's error: the offending key (empty for a syntax error) and why.
 type ConfigError struct {
-	Key    string
-	Offset int // byte offset into the config where the problem was found
-	Reason string
+	Key    string // the JSON key at fault ("" when the config as a whole is malformed)
+	Offset int    // byte offset into the config where the problem was found
+	Reason string // what is wrong, e.g. "unknown key", "duplicate key"
 }
 
 // Error implements error.

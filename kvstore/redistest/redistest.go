@@ -171,7 +171,8 @@ func (s *Server) stop() { s.Stop() }
 // Cluster is a Redis Cluster of masters without replicas, each a Server with cluster-enabled.
 type Cluster struct {
 	// Addrs are the masters' addresses.
-	Addrs   []string
+	Addrs []string
+	// Servers are the masters' processes, in the order of Addrs (Stop or Restart one to test failover).
 	Servers []*Server
 }
 

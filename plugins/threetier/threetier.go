@@ -119,7 +119,7 @@ func sortItems(items []item, tier Tier) {
 
 // Ranker ranks snapshots with one Config, reusing its scratch.
 type Ranker struct {
-	Config Config
+	Config Config // thresholds and weights every Rank call uses
 	items  []item
 }
 

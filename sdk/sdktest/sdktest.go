@@ -25,7 +25,7 @@ import (
 
 // Case is one snapshot and the ranking the policy must give for it.
 type Case struct {
-	Name     string
+	Name     string       // subtest name
 	Config   string       // the policy's JSON config; "" means its defaults
 	Snapshot sdk.Snapshot // Endpoint.Index is set to the position by Run
 	Want     []uint32     // expected ranking, best first; nil accepts any valid ranking

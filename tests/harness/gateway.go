@@ -172,10 +172,11 @@ func (g *Gateway) Ready(ctx context.Context) (int, map[string]any, error) {
 
 // APIError is a non-2xx answer of the gateway.
 type APIError struct {
-	Status int
-	Body   string
+	Status int    // HTTP status code
+	Body   string // response body as received (OpenAI-shaped error JSON)
 }
 
+// Error returns "harness: status N: <body>".
 func (e *APIError) Error() string { return fmt.Sprintf("harness: status %d: %s", e.Status, e.Body) }
 
 // do sends a request (admin bearer token when auth) and decodes a 2xx JSON answer into out.

@@ -13,9 +13,9 @@ import (
 
 // Sample is one line of a Prometheus text exposition: metric name, labels and value.
 type Sample struct {
-	Name   string
-	Labels map[string]string
-	Value  float64
+	Name   string            // metric name, e.g. "vllm:num_requests_running"
+	Labels map[string]string // label values, unquoted
+	Value  float64           // sample value ("NaN", "+Inf" and "-Inf" are parsed)
 }
 
 // Samples is a parsed exposition.

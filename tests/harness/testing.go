@@ -17,7 +17,9 @@ const DefaultModel = "qwen3"
 // Env is one test's processes. Create with NewEnv; every process it starts is stopped at the test's
 // cleanup, after the last lines of every log were printed if the test failed.
 type Env struct {
-	T    testing.TB
+	// T is the test the environment belongs to; processes are stopped at its cleanup.
+	T testing.TB
+	// Bins are the kvgate and enginesim binaries it starts.
 	Bins Binaries
 	// Root is the repository root (tokenizer directories are resolved against it).
 	Root string
