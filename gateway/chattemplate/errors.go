@@ -53,7 +53,7 @@ func (e *RenderError) Unwrap() []error {
 type RequestError struct {
 	Kind    error  // ErrBadRequest, ErrUnsupportedContent or ErrLimit
 	Path    string // JSON path of the offending value ("" for the whole body)
-	Message string
+	Message string // human-readable detail
 }
 
 // Error implements error.

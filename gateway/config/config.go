@@ -187,9 +187,9 @@ type Simulate struct {
 // Error is a configuration error; Key is the offending key path ("models[0].block_size") or, for decoding
 // errors, the key name as written.
 type Error struct {
-	Key  string
-	Line int // 0 when unknown
-	Msg  string
+	Key  string // see above
+	Line int    // 0 when unknown
+	Msg  string // what is wrong with the value
 }
 
 // Error formats "config: [line N: ]key: message".

@@ -23,10 +23,10 @@ import (
 
 // Endpoint is one engine replica as configured.
 type Endpoint struct {
-	ID     string
-	Model  string
+	ID     string // endpoint ID from config (unique across models)
+	Model  string // served model name
 	Engine string // config.EngineSim, EngineVLLM or EngineSGLang
-	URL    string
+	URL    string // engine base URL, e.g. "http://127.0.0.1:8001"
 }
 
 // Load is an endpoint's last observed state.
@@ -45,6 +45,8 @@ type Load struct {
 
 // Metrics is what ParseMetrics reads from a Prometheus text exposition.
 type Metrics struct {
+	// Waiting and Running are the engine's queued and running requests (summed over data-parallel ranks);
+	// KVCacheUsage is its KV-cache utilization, a fraction in [0,1].
 	Waiting, Running, KVCacheUsage float64
 	// Found counts the recognised samples (0: the page had none of the names above).
 	Found int

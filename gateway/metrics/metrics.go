@@ -22,6 +22,7 @@ const (
 
 // Metrics holds every collector. Create with New.
 type Metrics struct {
+	// Registry holds every collector below; the server serves it on /metrics.
 	Registry *prometheus.Registry
 
 	// Requests counts finished client requests by model, endpoint ("" when none was chosen) and status code.

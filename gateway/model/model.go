@@ -29,6 +29,7 @@ import (
 
 // Renderer renders an OpenAI chat request body into a prompt string; *chattemplate.Template implements it.
 type Renderer interface {
+	// Render returns the prompt for an OpenAI chat request body, or a typed chattemplate error.
 	Render(chatRequestJSON []byte) (string, error)
 }
 

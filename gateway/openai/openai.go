@@ -17,11 +17,11 @@ import (
 
 // Error is an error answered to the client in OpenAI's shape, with its HTTP status.
 type Error struct {
-	Status  int    `json:"-"`
-	Message string `json:"message"`
-	Type    string `json:"type"`
-	Param   any    `json:"param"` // string or nil (JSON null), as OpenAI sends it
-	Code    any    `json:"code"`  // string or nil
+	Status  int    `json:"-"`       // HTTP status code
+	Message string `json:"message"` // human-readable detail
+	Type    string `json:"type"`    // OpenAI error type, e.g. "invalid_request_error"
+	Param   any    `json:"param"`   // string or nil (JSON null), as OpenAI sends it
+	Code    any    `json:"code"`    // string or nil
 }
 
 // Error formats the status, type and message (logs; clients get JSON).
@@ -115,9 +115,9 @@ func (a API) String() string {
 
 // Request is what the gateway reads of a client body.
 type Request struct {
-	API    API
-	Model  string
-	Stream bool
+	API    API    // Chat or Completions
+	Model  string // the "model" member as sent (a model or LoRA adapter name)
+	Stream bool   // "stream": true
 	// MaxTokens is max_completion_tokens, else max_tokens, else -1 (unset).
 	MaxTokens int64
 	// CacheSalt is vLLM's cache_salt ("" when absent); it is folded into block keys.
