@@ -99,8 +99,10 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.store = st
 	g.index, g.res = st.Index, st.Reservations
 	var pinger route.Pinger
+	var epocher route.Epocher
 	if st.Redis != nil {
 		pinger = st
+		epocher = redisEpoch{st.Redis}
 	}
 	if mi, ok := st.Index.(*kvstore.MemoryIndex); ok {
 		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
@@ -173,7 +175,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	g.registerIngestMetrics()
 
-	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger,
+	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger, Epocher: epocher,
 		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
 		Metrics: g.metrics, Log: log})

@@ -3,9 +3,14 @@
 // → policy ranking → atomic reservation over the ranking (queued up to the model's queue_timeout) →
 // speculative index entry for the chosen endpoint. Forwarding is the server's job; it calls Release.
 //
-// When the shared store fails, the router keeps serving: it routes on load alone (no index), takes leases
-// from LocalReservations limited to store_down_limit_share of every limit, reports itself degraded
-// (StoreStatus) and probes the store until it answers again.
+// Every claim the router hands out is also counted in its own ledger, whatever store holds its lease. When the
+// shared store fails, the router keeps serving: it routes on load alone (no index) and admits a request on
+// an endpoint only while its own in-flight there stays within the store-down cap (at most
+// store_down_limit_share of the limit, and at most what it held when the store went down plus its share of
+// the capacity then free), reports itself degraded (StoreStatus) and probes the store until it answers. On
+// recovery it re-registers every claim still running on the store (a store that restarted empty is detected
+// by its epoch, see Epocher), then keeps to the store-down cap for a grace period while the other gateways do
+// the same, and only then routes on the shared counters alone. gateway/RATIONALE.md explains the rule.
 package route
 
 import (
@@ -57,6 +62,13 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// Epocher reports the shared store's epoch: an opaque value that changes when the store loses its data (a
+// Redis restart without persistence). A lease taken in one epoch is never renewed or released in another (a
+// restarted Redis hands out the same lease IDs again).
+type Epocher interface {
+	Epoch(ctx context.Context) (string, error)
+}
+
 // Endpoint is one endpoint of a model with its limits.
 type Endpoint struct {
 	ID     string
@@ -89,7 +101,12 @@ type Options struct {
 	Metrics             *metrics.Metrics     // required
 	Log                 *slog.Logger         // required
 	Now                 func() time.Time     // nil: time.Now
-	StoreProbeInterval  time.Duration        // default 500ms
+	StoreProbeInterval  time.Duration        // default 500ms; also the epoch check and in-flight refresh period
+	Epocher             Epocher              // nil: the store's epoch is not checked (memory)
+	// RecoveryGrace is how long after the store returns this router still keeps to the store-down caps
+	// (besides the store's own limit check), so gateways that notice the store later have re-registered their
+	// claims before anyone routes on the shared counters alone. Default max(3 × StoreProbeInterval, 1 s).
+	RecoveryGrace time.Duration
 	NativeConfig        threetier.Config     // config of the load-only fallback ranking
 }
 
@@ -97,7 +114,18 @@ type Options struct {
 type Router struct {
 	o      Options
 	hasher kvstore.Hasher
-	local  *LocalReservations
+	led    *ledger
+
+	// modeMu orders store-down reservations (read lock) against recovery (write lock), so no claim taken
+	// while the store is down escapes re-registration.
+	modeMu sync.RWMutex
+	// graceMu serializes reservations during the recovery grace (store reserve + ledger cap, as one step).
+	graceMu    sync.Mutex
+	graceUntil atomic.Int64 // unix nanoseconds
+	epochMu    sync.Mutex
+	epoch      string // the store epoch the store claims were taken in ("" when unknown or no Epocher)
+	pendingMu  sync.Mutex
+	pending    []pendingRelease
 
 	seq atomic.Uint64
 	// stage holds the latency observer of each stage, resolved once (WithLabelValues hashes and locks).
@@ -127,11 +155,27 @@ func New(o Options) *Router {
 	if o.NativeConfig == (threetier.Config{}) {
 		o.NativeConfig = threetier.DefaultConfig()
 	}
-	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, local: NewLocalReservations(o.StoreDownLimitShare),
+	if o.RecoveryGrace <= 0 {
+		o.RecoveryGrace = max(3*o.StoreProbeInterval, time.Second)
+	}
+	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, led: newLedger(o.StoreDownLimitShare),
 		stop: make(chan struct{}), stage: map[string]prometheus.Observer{}}
 	for _, st := range []string{metrics.StageTokenize, metrics.StageKeys, metrics.StageMatch, metrics.StageSnapshot,
 		metrics.StageRank, metrics.StageReserve, metrics.StageRecord} {
 		r.stage[st] = o.Metrics.Stage.WithLabelValues(st)
+	}
+	if o.Reservations != nil && o.Pinger != nil {
+		if o.Epocher != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ep, err := o.Epocher.Epoch(ctx)
+			cancel()
+			if err != nil {
+				r.storeFailed("epoch", err)
+			} else {
+				r.epoch = ep
+			}
+		}
+		go r.watchStore()
 	}
 	return r
 }
@@ -173,46 +217,6 @@ type Plan struct {
 // ErrNoHealthy is wrapped by Plan's *openai.Error 503.
 var errNoHealthy = errors.New("no healthy endpoint")
 
-func (r *Router) storeFailed(op string, err error) {
-	r.o.Metrics.StoreErrors.WithLabelValues(op).Inc()
-	r.downMu.Lock()
-	r.downErr = op + ": " + err.Error()
-	if !r.down.Load() {
-		r.downAt = r.o.Now()
-	}
-	r.downMu.Unlock()
-	if r.down.CompareAndSwap(false, true) {
-		r.o.Metrics.StoreDown.Set(1)
-		r.o.Log.Warn("store unreachable: routing on load only with local reservations",
-			slog.String("op", op), slog.String("error", err.Error()))
-		if r.o.Pinger != nil && r.probing.CompareAndSwap(false, true) {
-			go r.probeStore()
-		}
-	}
-}
-
-func (r *Router) probeStore() {
-	defer r.probing.Store(false)
-	t := time.NewTicker(r.o.StoreProbeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), r.o.StoreProbeInterval)
-		err := r.o.Pinger.Ping(ctx)
-		cancel()
-		if err == nil {
-			r.down.Store(false)
-			r.o.Metrics.StoreDown.Set(0)
-			r.o.Log.Info("store reachable again: full routing resumed")
-			return
-		}
-	}
-}
-
 // StoreStatus is the store's state for /readyz.
 type StoreStatus struct {
 	Down bool `json:"down"`
@@ -222,7 +226,13 @@ type StoreStatus struct {
 	LastError string `json:"last_error,omitempty"`
 	// LoadOnlyRequests counts requests routed without the store since start.
 	LoadOnlyRequests uint64 `json:"load_only_requests"`
-	// LocalInFlight counts leases held in the local fallback.
+	// Recovering says the store is back but this gateway still keeps to its store-down caps (the recovery
+	// grace).
+	Recovering bool `json:"recovering"`
+	// OwnInFlight counts the requests this gateway has in flight (its ledger).
+	OwnInFlight int `json:"own_inflight"`
+	// LocalInFlight counts those of them with no lease on the current store (taken while it was down, or not
+	// yet re-registered after it came back).
 	LocalInFlight int `json:"local_inflight"`
 }
 
@@ -234,9 +244,8 @@ func (r *Router) StoreStatus() StoreStatus {
 		s.Since = r.downAt
 	}
 	r.downMu.Unlock()
-	r.local.mu.Lock()
-	s.LocalInFlight = len(r.local.leases)
-	r.local.mu.Unlock()
+	s.Recovering = !s.Down && r.inGrace()
+	s.OwnInFlight, s.LocalInFlight = r.led.counts(r.currentEpoch())
 	return s
 }
 
@@ -330,8 +339,11 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		r.storeFailed("inflight", ir.err)
 		infl = nil
 	}
+	if infl != nil && r.storeUp() && !r.inGrace() {
+		r.led.observe(ids, infl)
+	}
 	if infl == nil || !r.storeUp() {
-		infl, _ = r.local.InFlight(ctx, ids)
+		infl = r.led.ownCounts(ids)
 	}
 	p.Snapshot = sdk.Snapshot{Request: sdk.Request{
 		Seq: r.seq.Add(1), PromptTokens: uint32(len(p.IDs)), PromptBlocks: uint32(len(p.Keys)),
@@ -395,12 +407,34 @@ func modelHash(model, lora string) uint64 {
 	return h
 }
 
-// Claim is a reservation taken for a Plan.
+// Claim is a reservation taken for a Plan: one request's count on one endpoint, held in the router's ledger
+// until Release, with a lease on the shared store when the store was reachable (or once it is again).
 type Claim struct {
-	Lease kvstore.Lease
 	// Index is the chosen candidate's index in Plan.Candidates.
 	Index int
-	local bool
+
+	ep   kvstore.EndpointID
+	cost kvstore.Cost
+
+	mu       sync.Mutex
+	lease    kvstore.Lease // the store lease when onStore
+	onStore  bool
+	epoch    string // the store epoch lease was taken in
+	released bool
+}
+
+// Endpoint returns the claimed endpoint.
+func (c *Claim) Endpoint() kvstore.EndpointID { return c.ep }
+
+// Lease returns the claim's current store lease (zero while it has none: taken while the store was down).
+// Re-registration after a store outage replaces it.
+func (c *Claim) Lease() kvstore.Lease {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.onStore {
+		return kvstore.Lease{}
+	}
+	return c.lease
 }
 
 // Cost returns what the plan's request reserves: 1 request and prompt + expected output tokens.
@@ -415,6 +449,9 @@ func (r *Router) Cost(p *Plan) kvstore.Cost {
 // Reserve leases the first ranked candidate with capacity, skipping candidates in exclude (indices of
 // Plan.Candidates that already failed). While every candidate is full it waits and retries until the
 // model's queue timeout, then returns *openai.Error 429; ctx ending (client gone) returns ctx's error.
+//
+// With the store up the store's atomic reservation decides; with it down, the ledger's store-down cap; during
+// the recovery grace both must agree.
 func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*Claim, error) {
 	start := r.o.Now()
 	defer func() {
@@ -444,29 +481,18 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	deadline := start.Add(p.Model.QueueTimeout)
 	wait := 5 * time.Millisecond
 	for {
-		var l kvstore.Lease
-		var err error
-		local := r.o.Reservations == nil || !r.storeUp()
-		if !local {
-			l, err = r.o.Reservations.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
-			if err != nil && !errors.Is(err, kvstore.ErrNoCapacity) && ctx.Err() == nil {
-				r.storeFailed("reserve", err)
-				local = true
-			}
-		}
-		if local {
-			l, err = r.local.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
-		}
+		cl, err := r.reserveOnce(ctx, ranked, cost)
 		if err == nil {
 			idx := order[0]
 			for k, c := range ranked {
-				if c.Endpoint == l.Endpoint {
+				if c.Endpoint == cl.ep {
 					idx = order[k]
 					break
 				}
 			}
-			r.o.Metrics.InFlight.WithLabelValues(string(l.Endpoint)).Inc()
-			return &Claim{Lease: l, Index: idx, local: local}, nil
+			cl.Index = idx
+			r.o.Metrics.InFlight.WithLabelValues(string(cl.ep)).Inc()
+			return cl, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -487,6 +513,59 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	}
 }
 
+// reserveOnce makes one reservation attempt: a claim counted in the ledger, or kvstore.ErrNoCapacity.
+func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, cost kvstore.Cost) (*Claim, error) {
+	if r.o.Reservations == nil {
+		// No shared store: this gateway's share of every limit, as while a store is down.
+		if cl, _ := r.led.reserveLocal(ranked, cost); cl != nil {
+			return cl, nil
+		}
+		return nil, kvstore.ErrNoCapacity
+	}
+	for {
+		// The read lock keeps recovery (write lock) from running between the mode check and the claim's
+		// counting: every claim is either on the current store or seen by recovery.
+		r.modeMu.RLock()
+		if !r.storeUp() {
+			cl, _ := r.led.reserveLocal(ranked, cost)
+			r.modeMu.RUnlock()
+			if cl == nil {
+				return nil, kvstore.ErrNoCapacity
+			}
+			return cl, nil
+		}
+		grace := r.inGrace()
+		if grace {
+			r.graceMu.Lock()
+		}
+		cands := ranked
+		if grace {
+			cands = r.led.admissible(ranked, cost)
+		}
+		var cl *Claim
+		var err error
+		if len(cands) == 0 {
+			err = kvstore.ErrNoCapacity
+		} else {
+			var l kvstore.Lease
+			l, err = r.o.Reservations.Reserve(ctx, cands, cost, r.o.LeaseTTL)
+			if err == nil {
+				cl = &Claim{ep: l.Endpoint, cost: cost, lease: l, onStore: true, epoch: r.currentEpoch()}
+				r.led.add(cl)
+			}
+		}
+		if grace {
+			r.graceMu.Unlock()
+		}
+		r.modeMu.RUnlock()
+		if err != nil && !errors.Is(err, kvstore.ErrNoCapacity) && ctx.Err() == nil {
+			r.storeFailed("reserve", err)
+			continue // once more, within the store-down cap
+		}
+		return cl, err
+	}
+}
+
 // Record counts the routed prompt and matched tokens and writes the plan's block keys as a speculative entry
 // for the claimed endpoint, in the background (best effort; a store error marks the store down).
 func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
@@ -500,7 +579,7 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	}
 	// Off the request's critical path: the entry only has to beat the engine's own events (tens of ms),
 	// and it must be written even if the request ends first.
-	model, ep, keys := p.Model.Name, c.Lease.Endpoint, p.Keys
+	model, ep, keys := p.Model.Name, c.ep, p.Keys
 	go func() {
 		start := r.o.Now()
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -512,17 +591,28 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	}()
 }
 
-// Renew extends c's lease by the lease TTL; the server calls it every TTL/3 on long responses.
+// Renew extends c's store lease by the lease TTL; the server calls it every TTL/3 on long responses. A claim
+// without a live store lease (taken while the store was down, or its store restarted) needs no renewal: the
+// ledger counts it until Release, and recovery re-registers it. A lease the store no longer knows while the
+// request still runs is registered again, without the limit check, so the shared count is not lost.
 func (r *Router) Renew(ctx context.Context, c *Claim) error {
-	var err error
-	var l kvstore.Lease
-	if c.local {
-		l, err = r.local.Renew(ctx, c.Lease, r.o.LeaseTTL)
-	} else {
-		l, err = r.o.Reservations.Renew(ctx, c.Lease, r.o.LeaseTTL)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released || !c.onStore || !r.storeUp() || c.epoch != r.currentEpoch() {
+		return nil
 	}
+	l, err := r.o.Reservations.Renew(ctx, c.lease, r.o.LeaseTTL)
 	if err == nil {
-		c.Lease = l
+		c.lease = l
+		return nil
+	}
+	if errors.Is(err, kvstore.ErrLeaseNotLive) {
+		r.o.Log.Warn("lease lost on the store while its request runs: registering it again",
+			slog.String("endpoint_id", string(c.ep)), slog.String("lease", c.lease.ID))
+		return r.registerLocked(ctx, c, r.currentEpoch())
+	}
+	if ctx.Err() == nil {
+		r.storeFailed("renew", err)
 	}
 	return err
 }
@@ -530,17 +620,37 @@ func (r *Router) Renew(ctx context.Context, c *Claim) error {
 // LeaseTTL returns the configured lease lifetime.
 func (r *Router) LeaseTTL() time.Duration { return r.o.LeaseTTL }
 
-// Release ends c's lease; it uses a fresh context so a cancelled request still releases.
+// Release ends c (idempotent): the ledger stops counting it and its store lease, if it has one in the current
+// store epoch, is released. A release the store cannot take now is retried when the store returns in the same
+// epoch (otherwise the lease expires on its own).
 func (r *Router) Release(c *Claim) {
-	r.o.Metrics.InFlight.WithLabelValues(string(c.Lease.Endpoint)).Dec()
-	if c.local {
-		r.local.Release(context.Background(), c.Lease)
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
 		return
+	}
+	c.released = true
+	onStore, epoch, l := c.onStore, c.epoch, c.lease
+	c.mu.Unlock()
+	if !r.led.remove(c) {
+		return
+	}
+	r.o.Metrics.InFlight.WithLabelValues(string(c.ep)).Dec()
+	if !onStore || r.o.Reservations == nil {
+		return
+	}
+	if !r.storeUp() {
+		r.deferRelease(l, epoch)
+		return
+	}
+	if epoch != r.currentEpoch() {
+		return // the store restarted: this lease ID may name another gateway's lease now
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := r.o.Reservations.Release(ctx, c.Lease); err != nil {
-		r.storeFailed("release", err) // the lease expires on its own
+	if err := r.o.Reservations.Release(ctx, l); err != nil {
+		r.storeFailed("release", err)
+		r.deferRelease(l, epoch)
 	}
 }
 

@@ -20,53 +20,6 @@ import (
 	"github.com/kvgate/kvgate/kvstore"
 )
 
-func TestLocalReservationsShareAndExpiry(t *testing.T) {
-	l := NewLocalReservations(0.34)
-	now := time.Unix(1000, 0)
-	l.now = func() time.Time { return now }
-	ctx := context.Background()
-	cand := []kvstore.Candidate{{Endpoint: "a", Limits: kvstore.Limits{MaxRequests: 10, MaxTokens: 1000}},
-		{Endpoint: "b", Limits: kvstore.Limits{MaxRequests: 1}}}
-	var leases []kvstore.Lease
-	for range 3 { // 0.34 × 10 = 3 requests on a
-		ls, err := l.Reserve(ctx, cand, kvstore.Cost{Requests: 1, Tokens: 10}, time.Second)
-		if err != nil || ls.Endpoint != "a" {
-			t.Fatalf("%+v %v", ls, err)
-		}
-		leases = append(leases, ls)
-	}
-	// a is at its share; b's share of 1 rounds up to 1.
-	if ls, err := l.Reserve(ctx, cand, kvstore.Cost{Requests: 1}, time.Second); err != nil || ls.Endpoint != "b" {
-		t.Fatalf("%+v %v", ls, err)
-	}
-	if _, err := l.Reserve(ctx, cand, kvstore.Cost{Requests: 1}, time.Second); !errors.Is(err, kvstore.ErrNoCapacity) {
-		t.Fatalf("want ErrNoCapacity, got %v", err)
-	}
-	// Token share: 340 tokens on a.
-	l.Release(ctx, leases[0])
-	if _, err := l.Reserve(ctx, cand[:1], kvstore.Cost{Requests: 1, Tokens: 330}, time.Second); !errors.Is(err, kvstore.ErrNoCapacity) {
-		t.Fatalf("20+330 tokens > 340 accepted: %v", err)
-	}
-	inf, _ := l.InFlight(ctx, []kvstore.EndpointID{"a", "b"})
-	if inf["a"] != (kvstore.Cost{Requests: 2, Tokens: 20}) || inf["b"].Requests != 1 {
-		t.Fatalf("%v", inf)
-	}
-	// Renew keeps a lease; the others expire.
-	now = now.Add(600 * time.Millisecond)
-	if _, err := l.Renew(ctx, leases[1], time.Second); err != nil {
-		t.Fatal(err)
-	}
-	now = now.Add(600 * time.Millisecond)
-	inf, _ = l.InFlight(ctx, []kvstore.EndpointID{"a", "b"})
-	if inf["a"].Requests != 1 || inf["b"].Requests != 0 {
-		t.Fatalf("after expiry %v", inf)
-	}
-	if _, err := l.Renew(ctx, leases[2], time.Second); !errors.Is(err, ErrLeaseGone) {
-		t.Fatalf("renew of an expired lease: %v", err)
-	}
-	l.Release(ctx, leases[2]) // idempotent
-}
-
 func TestShortVersion(t *testing.T) {
 	v := "three-tier@" + strings.Repeat("ab", 32)
 	if got := ShortVersion(v); got != "three-tier@abababababab" {
@@ -108,7 +61,7 @@ func fakeEngines(t testing.TB, n int) []Endpoint {
 	return eps
 }
 
-func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Reservations, p Pinger) (*Router, *Model) {
+func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Reservations, p Pinger, opts ...func(*Options)) (*Router, *Model) {
 	m, err := model.Load("../../examples/models/qwen3")
 	if err != nil {
 		t.Fatal(err)
@@ -119,9 +72,13 @@ func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Rese
 	}
 	set := endpoints.NewSet(all, http.DefaultClient, time.Hour, nil)
 	set.ProbeAll(context.Background())
-	r := New(Options{Index: idx, Reservations: res, Pinger: p, StoreDownLimitShare: 0.5, SpeculativeTTL: 2 * time.Second,
+	o := Options{Index: idx, Reservations: res, Pinger: p, StoreDownLimitShare: 0.5, SpeculativeTTL: 2 * time.Second,
 		LeaseTTL: 10 * time.Second, DefaultOutputTokens: 16, Endpoints: set, Metrics: metrics.New(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), StoreProbeInterval: 20 * time.Millisecond})
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), StoreProbeInterval: 20 * time.Millisecond}
+	for _, f := range opts {
+		f(&o)
+	}
+	r := New(o)
 	t.Cleanup(r.Close)
 	return r, &Model{Name: "qwen3", BlockSize: 16, QueueTimeout: 50 * time.Millisecond, Encoder: m, Endpoints: eps}
 }

@@ -1,0 +1,211 @@
+package route
+
+import (
+	"math"
+	"sync"
+
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+// ledger is this gateway's own account of every claim it holds, whatever store the claim's lease lives on
+// (the shared store, or none while the store is down). It is the one number that survives a store outage or a
+// store that comes back empty: the engines keep running what this gateway sent them, so the gateway keeps
+// counting it until the response ends. See gateway/RATIONALE.md, "Why does every gateway keep its own
+// ledger of in-flight requests?".
+//
+// Besides its own counts it remembers, per endpoint, what the rest of the fleet held at the last read of the
+// shared counters (others = fleet in-flight − own), and, once the store goes down, a frozen base (own and
+// others at that moment) from which the store-down cap is computed.
+type ledger struct {
+	share float64
+
+	mu     sync.Mutex
+	own    map[kvstore.EndpointID]kvstore.Cost
+	claims map[*Claim]struct{}
+	others map[kvstore.EndpointID]kvstore.Cost
+	base   map[kvstore.EndpointID]downBase // nil while the store is up
+}
+
+// downBase is one endpoint's state when the store went down.
+type downBase struct{ own, others kvstore.Cost }
+
+func newLedger(share float64) *ledger {
+	return &ledger{share: share, own: map[kvstore.EndpointID]kvstore.Cost{}, claims: map[*Claim]struct{}{},
+		others: map[kvstore.EndpointID]kvstore.Cost{}}
+}
+
+func addCost(a, b kvstore.Cost) kvstore.Cost {
+	return kvstore.Cost{Requests: a.Requests + b.Requests, Tokens: a.Tokens + b.Tokens}
+}
+
+func subCost(a, b kvstore.Cost) kvstore.Cost {
+	return kvstore.Cost{Requests: a.Requests - b.Requests, Tokens: a.Tokens - b.Tokens}
+}
+
+// addLocked counts c (its cost on its endpoint).
+func (l *ledger) addLocked(c *Claim) {
+	l.claims[c] = struct{}{}
+	l.own[c.ep] = addCost(l.own[c.ep], c.cost)
+}
+
+// add counts c.
+func (l *ledger) add(c *Claim) {
+	l.mu.Lock()
+	l.addLocked(c)
+	l.mu.Unlock()
+}
+
+// remove stops counting c; it reports false when c was not counted.
+func (l *ledger) remove(c *Claim) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.claims[c]; !ok {
+		return false
+	}
+	delete(l.claims, c)
+	u := subCost(l.own[c.ep], c.cost)
+	if u.Requests <= 0 && u.Tokens <= 0 {
+		delete(l.own, c.ep)
+	} else {
+		l.own[c.ep] = u
+	}
+	return true
+}
+
+// live returns the claims counted now.
+func (l *ledger) live() []*Claim {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*Claim, 0, len(l.claims))
+	for c := range l.claims {
+		out = append(out, c)
+	}
+	return out
+}
+
+// ownCounts returns this gateway's in-flight cost on each of eps (endpoints with none omitted).
+func (l *ledger) ownCounts(eps []kvstore.EndpointID) map[kvstore.EndpointID]kvstore.Cost {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[kvstore.EndpointID]kvstore.Cost, len(eps))
+	for _, e := range eps {
+		if u, ok := l.own[e]; ok {
+			out[e] = u
+		}
+	}
+	return out
+}
+
+// observe records a read of the shared in-flight counters: others = fleet − own, per endpoint of eps.
+func (l *ledger) observe(eps []kvstore.EndpointID, fleet map[kvstore.EndpointID]kvstore.Cost) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range eps {
+		o := subCost(fleet[e], l.own[e])
+		l.others[e] = kvstore.Cost{Requests: max(o.Requests, 0), Tokens: max(o.Tokens, 0)}
+	}
+}
+
+// freeze records the store-down base of every endpoint known. With keep, an existing base is kept instead (a
+// store that fails again while this gateway is still recovering from the previous outage: the fleet's
+// holdings are still bounded by that outage's caps, and the others' counts read since are not trusted).
+func (l *ledger) freeze(keep bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if keep && l.base != nil {
+		return
+	}
+	l.base = make(map[kvstore.EndpointID]downBase, len(l.others)+len(l.own))
+	for e, o := range l.others {
+		l.base[e] = downBase{own: l.own[e], others: o}
+	}
+	for e, u := range l.own {
+		if _, ok := l.base[e]; !ok {
+			l.base[e] = downBase{own: u}
+		}
+	}
+}
+
+// capOf is the store-down cap of one limit dimension (requests or tokens): at most floor(limit × share), and
+// at most what this gateway held when the store went down plus floor(share × the capacity that was free).
+// -1 means unlimited.
+func capOf(limit int64, share float64, own0, others0 int64) int64 {
+	if limit <= 0 {
+		return -1
+	}
+	s := int64(math.Floor(float64(limit) * share))
+	free := max(limit-others0-own0, 0)
+	return max(min(s, own0+int64(math.Floor(float64(free)*share))), 0)
+}
+
+// capsLocked returns ep's store-down caps for limits, taking a base for an endpoint never read before (the
+// others' holdings are then unknown and taken as 0).
+func (l *ledger) capsLocked(ep kvstore.EndpointID, lim kvstore.Limits) (reqCap, tokCap int64) {
+	if l.base == nil {
+		l.base = map[kvstore.EndpointID]downBase{}
+	}
+	b, ok := l.base[ep]
+	if !ok {
+		b = downBase{own: l.own[ep], others: l.others[ep]}
+		l.base[ep] = b
+	}
+	return capOf(lim.MaxRequests, l.share, b.own.Requests, b.others.Requests),
+		capOf(lim.MaxTokens, l.share, b.own.Tokens, b.others.Tokens)
+}
+
+// fitsLocked says whether cost more on c stays within its store-down caps. A token cost over the whole token
+// cap counts as the cap (one such request may run alone).
+func (l *ledger) fitsLocked(c kvstore.Candidate, cost kvstore.Cost) bool {
+	rc, tc := l.capsLocked(c.Endpoint, c.Limits)
+	u := l.own[c.Endpoint]
+	if rc >= 0 && u.Requests+cost.Requests > rc {
+		return false
+	}
+	if tc >= 0 && (tc == 0 && cost.Tokens > 0 || u.Tokens+min(cost.Tokens, tc) > tc) {
+		return false
+	}
+	return true
+}
+
+// reserveLocal counts a new claim on the first candidate (index into ranked) within its store-down cap, or
+// returns -1.
+func (l *ledger) reserveLocal(ranked []kvstore.Candidate, cost kvstore.Cost) (*Claim, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, c := range ranked {
+		if !l.fitsLocked(c, cost) {
+			continue
+		}
+		cl := &Claim{ep: c.Endpoint, cost: cost}
+		l.addLocked(cl)
+		return cl, i
+	}
+	return nil, -1
+}
+
+// admissible returns the candidates of ranked within their store-down caps for cost (used while recovering,
+// together with the store's own check).
+func (l *ledger) admissible(ranked []kvstore.Candidate, cost kvstore.Cost) []kvstore.Candidate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]kvstore.Candidate, 0, len(ranked))
+	for _, c := range ranked {
+		if l.fitsLocked(c, cost) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// counts returns the number of claims and how many of them have no lease on the current store.
+func (l *ledger) counts(current string) (all, unregistered int) {
+	for _, c := range l.live() {
+		c.mu.Lock()
+		if !c.onStore || c.epoch != current {
+			unregistered++
+		}
+		c.mu.Unlock()
+		all++
+	}
+	return all, unregistered
+}

@@ -1,0 +1,329 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/redistest"
+)
+
+func TestCapOf(t *testing.T) {
+	for _, c := range []struct {
+		name                  string
+		limit                 int64
+		share                 float64
+		own0, others0, expect int64
+	}{
+		{name: "idle fleet: the share", limit: 6, share: 0.34, expect: 2},
+		{name: "share rounds down", limit: 2, share: 0.34, expect: 0},
+		{name: "unlimited", limit: 0, share: 0.34, own0: 5, expect: -1},
+		{name: "full fleet, own above share: the share", limit: 6, share: 0.34, own0: 4, others0: 2, expect: 2},
+		{name: "full fleet, own below share: only own", limit: 6, share: 0.34, own0: 1, others0: 5, expect: 1},
+		{name: "full fleet, own none: nothing", limit: 6, share: 0.34, others0: 6, expect: 0},
+		{name: "two free: share of them rounds to 0", limit: 6, share: 0.34, own0: 0, others0: 4, expect: 0},
+		{name: "three free: one of them", limit: 6, share: 0.34, own0: 1, others0: 2, expect: 2},
+		{name: "large limit", limit: 100, share: 0.34, own0: 10, others0: 50, expect: 23},
+		{name: "counters over the limit", limit: 6, share: 0.5, own0: 2, others0: 9, expect: 2},
+	} {
+		if got := capOf(c.limit, c.share, c.own0, c.others0); got != c.expect {
+			t.Errorf("%s: capOf(%d, %v, %d, %d) = %d, want %d", c.name, c.limit, c.share, c.own0, c.others0, got, c.expect)
+		}
+	}
+}
+
+// The store-down rule keeps any fleet of gateways within the limit, whatever each held when the store went
+// down: every gateway ends up holding at most max(what it held, its cap), and those add up to at most the
+// limit (with N × share ≤ 1, or the share rounding down enough). Exhaustive over the holdings of 3 and 4
+// gateways.
+func TestCapSumWithinLimit(t *testing.T) {
+	for _, tc := range []struct {
+		n     int
+		share float64
+	}{{3, 0.34}, {3, 1.0 / 3}, {4, 0.25}, {2, 0.5}} {
+		for limit := int64(1); limit <= 14; limit++ {
+			h := make([]int64, tc.n)
+			var walk func(i int, left int64)
+			walk = func(i int, left int64) {
+				if i == tc.n {
+					var fleet, sum int64
+					for _, v := range h {
+						fleet += v
+					}
+					for _, v := range h {
+						sum += max(v, capOf(limit, tc.share, v, fleet-v))
+					}
+					if sum > limit {
+						t.Fatalf("n %d share %v limit %d holdings %v: the fleet may run %d", tc.n, tc.share, limit, h, sum)
+					}
+					return
+				}
+				for v := int64(0); v <= left; v++ {
+					h[i] = v
+					walk(i+1, left-v)
+				}
+			}
+			walk(0, limit)
+		}
+	}
+}
+
+// runIDEpoch is an Epocher reading redis-server's run_id (INFO server), which changes on every restart.
+type runIDEpoch struct{ st *kvstore.Store }
+
+func (e runIDEpoch) Epoch(ctx context.Context) (string, error) {
+	info, err := e.st.Redis.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v, nil
+		}
+	}
+	return "", errors.New("no run_id in INFO server")
+}
+
+// fleet is several routers sharing one redis-server, each on its own client, serving one endpoint, and the
+// requests they hold open (what the engine would be running).
+type fleet struct {
+	t       *testing.T
+	limit   int64
+	routers []*Router
+	stores  []*kvstore.Store
+	model   *Model
+	mu      sync.Mutex
+	held    [][]*Claim
+}
+
+func newFleet(t *testing.T, addr string, n int, limit int64) *fleet {
+	eps := fakeEngines(t, 1)
+	eps[0].Limits = kvstore.Limits{MaxRequests: limit, MaxTokens: 1 << 30}
+	f := &fleet{t: t, limit: limit, held: make([][]*Claim, n)}
+	for range n {
+		st, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Addrs: []string{addr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		r, m := newRouter(t, eps, st.Index, st.Reservations, st, func(o *Options) {
+			o.StoreDownLimitShare = 0.34
+			o.Epocher = runIDEpoch{st}
+			o.RecoveryGrace = 300 * time.Millisecond
+		})
+		f.routers, f.stores, f.model = append(f.routers, r), append(f.stores, st), m
+	}
+	return f
+}
+
+var outageBody = []byte(`{"model":"qwen3","max_tokens":4,"messages":[{"role":"user","content":"hello there"}]}`)
+
+// take asks router g for one request; it reports whether the request got a claim (it then stays held).
+func (f *fleet) take(g int) bool {
+	f.t.Helper()
+	req, _ := openai.ParseRequest(openai.Chat, outageBody)
+	p, err := f.routers[g].Plan(context.Background(), f.model, "", req, outageBody)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	c, err := f.routers[g].Reserve(context.Background(), p, nil)
+	var oe *openai.Error
+	if errors.As(err, &oe) && oe.Status == 429 {
+		return false
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.held[g] = append(f.held[g], c)
+	f.mu.Unlock()
+	return true
+}
+
+// fill asks router g for requests until it refuses one; it returns how many it granted.
+func (f *fleet) fill(g int) int {
+	n := 0
+	for f.take(g) {
+		n++
+		if n > 100 {
+			f.t.Fatal("router admits without end")
+		}
+	}
+	return n
+}
+
+// finish ends k of router g's held requests.
+func (f *fleet) finish(g, k int) {
+	for range k {
+		c := f.held[g][0]
+		f.held[g] = f.held[g][1:]
+		f.routers[g].Release(c)
+	}
+}
+
+// running is what the engine runs: every held request.
+func (f *fleet) running() int64 {
+	var n int64
+	for _, h := range f.held {
+		n += int64(len(h))
+	}
+	return n
+}
+
+func (f *fleet) check(phase string) {
+	f.t.Helper()
+	if n := f.running(); n > f.limit {
+		f.t.Fatalf("%s: %d requests running on the endpoint, limit %d (held per gateway %v)", phase, n, f.limit, f.perGateway())
+	}
+}
+
+func (f *fleet) perGateway() []int {
+	out := make([]int, len(f.held))
+	for i, h := range f.held {
+		out[i] = len(h)
+	}
+	return out
+}
+
+// storeCount is the endpoint's in-flight request count on the store.
+func (f *fleet) storeCount() int64 {
+	f.t.Helper()
+	m, err := f.stores[0].Reservations.InFlight(context.Background(), []kvstore.EndpointID{"e0"})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return m["e0"].Requests
+}
+
+func (f *fleet) waitAllUp() {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, r := range f.routers {
+		for {
+			st := r.StoreStatus()
+			if !st.Down && !st.Recovering {
+				break
+			}
+			if time.Now().After(deadline) {
+				f.t.Fatalf("router still down or recovering: %+v", st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func (f *fleet) waitAllDown() {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, r := range f.routers {
+		for !r.StoreStatus().Down {
+			if time.Now().After(deadline) {
+				f.t.Fatal("router never noticed the store outage")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// Three gateways share one endpoint of limit 6 on one redis-server with store_down_limit_share 0.34, and hold
+// their requests open across a Redis outage and a restart that comes back empty. At no point may they run
+// more than 6 requests together; after the restart the store must count exactly the requests still running,
+// so the fleet can fill the endpoint again, and no more; releases after the restart must not release other
+// gateways' leases (a restarted Redis hands out the same lease IDs again).
+func TestRedisRestartKeepsInFlightLimit(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newFleet(t, rs.Addr, 3, 6)
+
+	// Store up: gateway 0 takes 4, gateway 1 takes 2, gateway 2 finds the endpoint full.
+	for range 4 {
+		if !f.take(0) {
+			t.Fatal("g0 refused with the endpoint not full")
+		}
+	}
+	if n := f.fill(1); n != 2 {
+		t.Fatalf("g1 got %d, want the 2 left", n)
+	}
+	if f.take(2) {
+		t.Fatal("g2 admitted over the limit with the store up")
+	}
+	f.check("store up")
+	time.Sleep(150 * time.Millisecond) // every router reads the shared counters (every 20 ms)
+
+	// Outage: every gateway notices, then asks for more. Before the fix, each admitted 2 more (its local
+	// share), ignoring the requests it already ran on store leases: 12 at once.
+	rs.Stop()
+	for g := range f.routers {
+		f.take(g) // a failed store call switches the router to store-down routing
+	}
+	f.waitAllDown()
+	f.check("outage")
+	for g := range f.routers {
+		f.fill(g)
+		f.check(fmt.Sprintf("outage, g%d filled", g))
+	}
+	if got := f.perGateway(); got[0] != 4 || got[1] != 2 || got[2] != 0 {
+		t.Fatalf("outage: held %v, want [4 2 0] (nobody may admit on a full endpoint)", got)
+	}
+	// Requests end during the outage: g0's 3 slots come back to g0 up to its cap of 2 (floor 6 × 0.34).
+	f.finish(0, 3)
+	if n := f.fill(0); n != 1 {
+		t.Fatalf("g0 admitted %d after 3 of its requests ended, want 1 (cap 2)", n)
+	}
+	f.fill(1)
+	f.fill(2)
+	f.check("outage after some requests ended")
+	t.Logf("held during the outage: %v (limit %d)", f.perGateway(), f.limit)
+
+	// Redis comes back empty. Every gateway re-registers what it still runs; the counts are exact once all
+	// are back, and the endpoint fills up to its limit again, no further.
+	rs.Restart()
+	f.waitAllUp()
+	if got, want := f.storeCount(), f.running(); got != want {
+		t.Fatalf("after the restart the store counts %d running requests, want %d", got, want)
+	}
+	for g := range f.routers {
+		f.fill(g)
+		f.check(fmt.Sprintf("after the restart, g%d filled", g))
+	}
+	if n := f.running(); n != f.limit {
+		t.Fatalf("after the restart the fleet runs %d, want the limit %d (capacity lost)", n, f.limit)
+	}
+	// Old requests end: their releases hit their re-registered leases, not the new ones with the same IDs.
+	f.finish(0, len(f.held[0]))
+	if got, want := f.storeCount(), f.running(); got != want {
+		t.Fatalf("after g0's requests ended the store counts %d, want %d", got, want)
+	}
+
+	// A restart nobody sees fail (no request in flight to the store at the time): the epoch check notices.
+	f.fill(0)
+	rs.Restart()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.storeCount() != f.running() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a quiet restart the store counts %d, want %d", f.storeCount(), f.running())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.waitAllUp()
+	for g := range f.routers {
+		f.fill(g)
+		f.check(fmt.Sprintf("after the quiet restart, g%d filled", g))
+	}
+	for g := range f.routers {
+		f.finish(g, len(f.held[g]))
+	}
+	if n := f.storeCount(); n != 0 {
+		t.Fatalf("every request ended, the store still counts %d", n)
+	}
+	for g, r := range f.routers {
+		if st := r.StoreStatus(); st.OwnInFlight != 0 || st.LocalInFlight != 0 {
+			t.Fatalf("g%d: %+v", g, st)
+		}
+	}
+}
