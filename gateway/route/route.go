@@ -107,7 +107,7 @@ type Options struct {
 	// (besides the store's own limit check), so gateways that notice the store later have re-registered their
 	// claims before anyone routes on the shared counters alone. Default max(3 × StoreProbeInterval, 1 s).
 	RecoveryGrace time.Duration
-	NativeConfig        threetier.Config     // config of the load-only fallback ranking
+	NativeConfig  threetier.Config // config of the load-only fallback ranking
 }
 
 // Router runs the pipeline. Safe for concurrent use; create with New.
