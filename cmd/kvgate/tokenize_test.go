@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"os"
@@ -35,24 +34,10 @@ type goldenIDs struct {
 	SpecialPrefix []uint32 `json:"special_prefix"`
 }
 
+// readLines decodes a JSON-lines golden file (internal/testenv.ReadJSONL).
 func readLines[T any](t *testing.T, path string) []T {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []T
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var v T
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, v)
-	}
-	return out
+	return testenv.ReadJSONL[T](t, path)
 }
 
 // TestTokenizeJSONLCorpus feeds the 81-case corpus through `tokenize --jsonl [--special]` and compares

@@ -2,11 +2,9 @@ package model
 
 import (
 	"bufio"
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,20 +100,7 @@ func TestRenderIDs(t *testing.T) {
 // benchText returns the tokenizer package's 1 MB bench text.
 func benchText(t testing.TB) string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(repoRoot(t), "gateway", "tokenizer", "testdata", "goldens", "bench.txt.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return string(testenv.ReadGzip(t, filepath.Join(repoRoot(t), "gateway", "tokenizer", "testdata", "goldens", "bench.txt.gz")))
 }
 
 // chatML renders turns in Qwen's ChatML layout (the shape Qwen3's template produces for plain messages).

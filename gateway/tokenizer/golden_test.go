@@ -1,12 +1,9 @@
 package tokenizer
 
 import (
-	"bufio"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,45 +69,16 @@ type goldenCase struct {
 	SHA256       string `json:"sha256"`
 }
 
+// readJSONL decodes a JSON-lines golden file (internal/testenv.ReadJSONL).
 func readJSONL[T any](t testing.TB, path string) []T {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []T
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var v T
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		out = append(out, v)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testenv.ReadJSONL[T](t, path)
 }
 
+// readBench returns the 1 MB bench text (testdata/goldens/bench.txt.gz).
 func readBench(t testing.TB) string {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "goldens", "bench.txt.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return string(testenv.ReadGzip(t, filepath.Join("testdata", "goldens", "bench.txt.gz")))
 }
 
 // checkCases compares Encode (with and without special tokens) and Decode against one golden file.

@@ -6,8 +6,9 @@
 // environment variable CI is "true" (.ci/run installs everything these tests need) the same test fails
 // instead, so a broken CI image cannot turn into a green run of skipped tests.
 //
-// Every helper takes a testing.TB, so tests, benchmarks and fuzz targets can use it; it imports only the
-// standard library.
+// It also holds the small file readers several packages' tests had copied (ReadJSONL, ReadGzip). Every
+// helper takes a testing.TB, so tests, benchmarks and fuzz targets can use it; it imports only the standard
+// library.
 package testenv
 
 import (

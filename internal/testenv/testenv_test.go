@@ -93,3 +93,21 @@ func mustGetwd(t *testing.T) string {
 	}
 	return wd
 }
+
+func TestReadJSONLAndGzip(t *testing.T) {
+	d := t.TempDir()
+	p := filepath.Join(d, "x.jsonl")
+	if err := os.WriteFile(p, []byte("{\"a\":1}\n{\"a\":22}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type row struct{ A int }
+	got := ReadJSONL[row](t, p)
+	if len(got) != 2 || got[0].A != 1 || got[1].A != 22 {
+		t.Fatalf("ReadJSONL = %+v", got)
+	}
+	// The committed Qwen3 tokenizer is gzip-compressed JSON whose model type is BPE.
+	b := ReadGzip(t, filepath.Join(RepoRoot(t), "examples", "models", "qwen3", "tokenizer.json.gz"))
+	if len(b) < 1<<20 || !strings.Contains(string(b), `"BPE"`) {
+		t.Fatalf("ReadGzip gave %d bytes without a BPE model", len(b))
+	}
+}
