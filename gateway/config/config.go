@@ -71,8 +71,10 @@ type Config struct {
 	Store Store `yaml:"store"`
 	// BlockKeySeed seeds kvgate's block keys (kvstore.Hasher); every gateway on one store must agree.
 	BlockKeySeed uint64 `yaml:"block_key_seed"`
-	// StoreDownLimitShare is the share in (0,1] of every endpoint limit this gateway may lease locally while
-	// the store is unreachable (e.g. 0.34 for three gateways). Default 1.
+	// StoreDownLimitShare is the share in (0,1] of every endpoint limit this gateway may run while the store
+	// is unreachable (e.g. 0.34 for three gateways), counting the requests it already ran on store leases; it
+	// also caps it at what it held when the store went down plus this share of the capacity then free
+	// (gateway/RATIONALE.md). Default 1.
 	StoreDownLimitShare float64 `yaml:"store_down_limit_share"`
 	// MaxBodyBytes caps a client request body (default 64 MiB); larger bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
