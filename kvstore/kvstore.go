@@ -73,9 +73,15 @@ type Index interface {
 	Add(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error
 	// Remove drops ep's hold of keys on tier (an engine's BlockRemoved). Unknown keys are ignored.
 	Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error
-	// ClearEndpoint drops every entry of ep under model, at a cost proportional to ep's own entries
-	// (AllBlocksCleared, engine restart, lost events).
+	// ClearEndpoint drops every entry of ep under model, confirmed and speculative, at a cost proportional
+	// to ep's own entries (an endpoint removed from the fleet).
 	ClearEndpoint(ctx context.Context, model string, ep EndpointID) error
+	// ClearConfirmed drops ep's confirmed entries under model (both tiers: everything Add wrote) and keeps
+	// its live speculative entries (Record), at a cost proportional to ep's own confirmed entries. Ingestion
+	// calls it whenever it must forget what an engine reported (a new ingester taking over the endpoint,
+	// AllBlocksCleared, an engine restart, lost events): speculative entries are the gateways' record of
+	// what they just routed, not the engine's, and expire on their own TTL.
+	ClearConfirmed(ctx context.Context, model string, ep EndpointID) error
 }
 
 // Limits cap one endpoint's in-flight work; they come from config and travel with each Reserve call.

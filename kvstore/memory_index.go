@@ -450,6 +450,43 @@ func (m *MemoryIndex) ClearEndpoint(_ context.Context, model string, ep Endpoint
 	return nil
 }
 
+// ClearConfirmed implements Index. Like ClearEndpoint it visits only the keys on ep's reverse lists; it
+// clears their tier bits and keeps live speculative holds (expired ones go too).
+func (m *MemoryIndex) ClearConfirmed(_ context.Context, model string, ep EndpointID) error {
+	if err := checkNames("clear confirmed", model, ep); err != nil {
+		return err
+	}
+	_, hid, ok := m.lookup(model, ep)
+	if !ok || hid == 0 {
+		return nil
+	}
+	now := m.now().UnixNano()
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		if rl := s.rev[hid]; rl != nil {
+			for _, ik := range rl.keys {
+				p := s.find(ik)
+				if p < 0 {
+					continue
+				}
+				b := bitGPU | bitCPU
+				if s.spec[specKey{ik: ik, hid: hid}] <= now {
+					b = bitMask // no live speculative hold: drop the holder entirely
+				}
+				s.clearBits(p, hid, b)
+			}
+			if rl.live <= 0 {
+				delete(s.rev, hid)
+			} else {
+				s.compact(hid, rl) // keep only the keys still held speculatively
+			}
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
 var prefetchSink atomic.Uint64
 
 // touch loads ik's home slot in its shard (see Match). Caller holds the shard's lock.

@@ -50,12 +50,16 @@ var (
 	luaIndexRecord string
 	//go:embed scripts/index_clear.lua
 	luaIndexClear string
+	//go:embed scripts/index_clear_confirmed.lua
+	luaIndexClearConfirmed string
 
 	scriptIndexMatch  = redis.NewScript(luaIndexLib + luaIndexMatch)
 	scriptIndexAdd    = redis.NewScript(luaIndexLib + luaIndexAdd)
 	scriptIndexRemove = redis.NewScript(luaIndexLib + luaIndexRemove)
 	scriptIndexRecord = redis.NewScript(luaIndexLib + luaIndexRecord)
 	scriptIndexClear  = redis.NewScript(luaIndexLib + luaIndexClear)
+
+	scriptIndexClearConfirmed = redis.NewScript(luaIndexLib + luaIndexClearConfirmed)
 )
 
 // RedisIndex is the Redis Index. Every call is one Lua script (one round trip), and all keys of one model
@@ -293,6 +297,20 @@ func (r *RedisIndex) ClearEndpoint(ctx context.Context, model string, ep Endpoin
 	err := scriptIndexClear.Run(ctx, r.c, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, string(ep), mp+"b:").Err()
 	if err != nil {
 		return fmt.Errorf("kvstore: redis clear endpoint: %w", err)
+	}
+	return nil
+}
+
+// ClearConfirmed implements Index (one EVALSHA, visiting only the blocks on ep's reverse set; its
+// speculative ZSET and live speculative holds stay).
+func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep EndpointID) error {
+	if err := checkNames("clear confirmed", model, ep); err != nil {
+		return err
+	}
+	mp := r.modelPrefix(model)
+	err := scriptIndexClearConfirmed.Run(ctx, r.c, []string{mp + "e:" + string(ep)}, string(ep), mp+"b:").Err()
+	if err != nil {
+		return fmt.Errorf("kvstore: redis clear confirmed: %w", err)
 	}
 	return nil
 }

@@ -150,6 +150,44 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		must(t, idx.Add(ctx, "m", "a", gpu, k[:2]))
 		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0))
 	})
+	t.Run("ClearConfirmedKeepsSpeculative", func(t *testing.T) {
+		idx := newIndex(t)
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:6]))
+		must(t, idx.Add(ctx, "m", "a", cpu, k[:9]))
+		must(t, idx.Record(ctx, "m", "a", k[:3], time.Minute)) // on top of confirmed blocks
+		must(t, idx.Add(ctx, "m", "b", gpu, k[:5]))
+		must(t, idx.Record(ctx, "m", "c", k[:4], time.Minute)) // speculative, then confirmed beyond it
+		must(t, idx.Add(ctx, "m", "c", gpu, k[:8]))
+		must(t, idx.Add(ctx, "m2", "a", gpu, k[:5]))
+		expectMatch(t, idx, "m", k[:12], em("a", 6, 3), em("b", 5, 0), em("c", 8, 0))
+		must(t, idx.ClearConfirmed(ctx, "m", "a"))
+		must(t, idx.ClearConfirmed(ctx, "m", "c"))
+		expectMatch(t, idx, "m", k[:12], em("a", 3, 0), em("b", 5, 0), em("c", 4, 0))
+		expectMatch(t, idx, "m2", k[:12], em("a", 5, 0))
+		must(t, idx.ClearConfirmed(ctx, "m", "a"))   // twice
+		must(t, idx.ClearConfirmed(ctx, "m", "zzz")) // unknown
+		must(t, idx.ClearConfirmed(ctx, "zzz", "a")) // unknown model
+		// New confirmed entries on top of the kept speculative ones, cleared again.
+		must(t, idx.Add(ctx, "m", "a", cpu, k[:6]))
+		expectMatch(t, idx, "m", k[:12], em("a", 3, 3), em("b", 5, 0), em("c", 4, 0))
+		must(t, idx.ClearConfirmed(ctx, "m", "a"))
+		expectMatch(t, idx, "m", k[:12], em("a", 3, 0), em("b", 5, 0), em("c", 4, 0))
+		// ClearEndpoint still finds the kept speculative entries.
+		must(t, idx.ClearEndpoint(ctx, "m", "a"))
+		must(t, idx.ClearEndpoint(ctx, "m", "c"))
+		expectMatch(t, idx, "m", k[:12], em("b", 5, 0))
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:2]))
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0))
+		// An expired speculative hold is not kept.
+		must(t, idx.Record(ctx, "m", "d", k[:2], 200*time.Millisecond))
+		must(t, idx.Add(ctx, "m", "d", cpu, k[:7]))
+		time.Sleep(350 * time.Millisecond)
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0), em("d", 0, 7))
+		must(t, idx.ClearConfirmed(ctx, "m", "d"))
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0))
+		must(t, idx.Record(ctx, "m", "d", k[:1], time.Minute))
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0), em("d", 1, 0))
+	})
 	t.Run("Speculative", func(t *testing.T) {
 		idx := newIndex(t)
 		must(t, idx.Add(ctx, "m", "a", cpu, k[:4]))
@@ -235,6 +273,8 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 			idx.Record(ctx, "m", "a", k[:1], 0),
 			idx.Record(ctx, "m", "a", k[:1], -time.Second),
 			idx.ClearEndpoint(ctx, "m", ""),
+			idx.ClearConfirmed(ctx, "", "a"),
+			idx.ClearConfirmed(ctx, "m", "a\tb"),
 			idx.Add(ctx, "m", "a\tb", gpu, k[:1]),
 			idx.Record(ctx, "m", "a\nb", k[:1], time.Second),
 		} {
@@ -347,8 +387,13 @@ func runRandomized(t *testing.T, idx kvstore.Index) {
 					ref[model][key][ep] &^= uint8(tier)
 				}
 			}
-		default:
+		case r < 19:
 			must(t, idx.ClearEndpoint(ctx, model, ep))
+			for _, h := range ref[model] {
+				delete(h, ep)
+			}
+		default: // no speculative entries here: the same effect as ClearEndpoint
+			must(t, idx.ClearConfirmed(ctx, model, ep))
 			for _, h := range ref[model] {
 				delete(h, ep)
 			}

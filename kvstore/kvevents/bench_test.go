@@ -131,6 +131,9 @@ func (discardIndex) Remove(context.Context, string, kvstore.EndpointID, kvstore.
 	return nil
 }
 func (discardIndex) ClearEndpoint(context.Context, string, kvstore.EndpointID) error { return nil }
+func (discardIndex) ClearConfirmed(context.Context, string, kvstore.EndpointID) error {
+	return nil
+}
 
 func BenchmarkIngestDiscard(b *testing.B) {
 	ps, stored := benchBatches(4096, 32, LayoutMap)

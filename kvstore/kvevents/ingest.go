@@ -36,7 +36,10 @@ type IngesterConfig struct {
 	Hasher kvstore.Hasher
 	// LoRAByID names LoRA adapters by vLLM's numeric lora_id, for engines whose events carry no lora_name.
 	LoRAByID map[int]string
-	// Index receives Add / Remove / ClearEndpoint calls (required).
+	// Index receives the endpoint's confirmed entries (required): each batch's adds and removals in one
+	// kvstore.Batcher.Apply call when Index implements kvstore.Batcher (both kvstore backends do; one
+	// pipelined round trip on Redis), else Add / Remove calls in order; ClearConfirmed when the endpoint's
+	// picture must be rebuilt. Speculative entries (Index.Record) are never touched.
 	Index kvstore.Index
 	// Logger gets lifecycle and error reports; nil = slog.Default().
 	Logger *slog.Logger
@@ -75,7 +78,8 @@ type Stats struct {
 	CatchUps uint64
 	// Restarts counts sequence restarts (seq back to 0 or otherwise backwards: the engine restarted).
 	Restarts uint64
-	// Clears counts ClearEndpoint calls (the first message, AllBlocksCleared, restarts, unrepaired gaps).
+	// Clears counts Index.ClearConfirmed calls (the first message, AllBlocksCleared, restarts, unrepaired
+	// gaps).
 	Clears uint64
 	// Duplicates counts messages already applied through replay.
 	Duplicates uint64
@@ -127,6 +131,14 @@ type hashEntry struct {
 	refs [3]int32 // by kvstore.Tier (1 GPU, 2 CPU)
 }
 
+// pendingOp is one queued Add (remove false) or Remove of keys on tier; consecutive events of the same
+// kind and tier share one.
+type pendingOp struct {
+	tier   kvstore.Tier
+	remove bool
+	start  int
+}
+
 // Ingester applies one endpoint's KV events to an Index, in order. Start it once; Stats may be called
 // concurrently from any goroutine.
 type Ingester struct {
@@ -136,10 +148,11 @@ type Ingester struct {
 	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
 	hashes      map[EngineHash]hashEntry
 	keyBuf      []kvstore.BlockKey
-	addBuf      []kvstore.BlockKey // removal scratch
-	pending     []kvstore.BlockKey // keys to Add on pendingTier, merged across consecutive stores
-	pendingTier kvstore.Tier
-	grave       []EngineHash // ring of hashes whose refs reached zero, forgotten when overwritten
+	batcher     kvstore.Batcher    // cfg.Index as a Batcher, or nil
+	ops         []pendingOp        // the current batch's index updates, in order
+	opKeys      []kvstore.BlockKey // their keys, back to back (op i spans ops[i].start up to ops[i+1].start)
+	updates     []kvstore.Update   // Apply scratch
+	grave       []EngineHash       // ring of hashes whose refs reached zero, forgotten when overwritten
 	gravePos    int
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
 	dupHi       uint64
@@ -183,12 +196,14 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	batcher, _ := cfg.Index.(kvstore.Batcher)
 	return &Ingester{
-		cfg:    cfg,
-		log:    log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
-		hashes: make(map[EngineHash]hashEntry),
-		grave:  make([]EngineHash, 0, cfg.RemovedMemory),
-		stats:  Stats{Endpoint: cfg.Endpoint},
+		cfg:     cfg,
+		batcher: batcher,
+		log:     log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
+		hashes:  make(map[EngineHash]hashEntry),
+		grave:   make([]EngineHash, 0, cfg.RemovedMemory),
+		stats:   Stats{Endpoint: cfg.Endpoint},
 	}, nil
 }
 
@@ -413,10 +428,11 @@ func (in *Ingester) forgetAll() {
 	in.gravePos = 0
 }
 
-// clear drops the endpoint's entries and its hash map.
+// clear drops the endpoint's confirmed entries and its hash map (speculative entries stay).
 func (in *Ingester) clear(ctx context.Context, resync bool) {
 	in.forgetAll()
-	err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint)
+	in.dropOps()
+	err := in.cfg.Index.ClearConfirmed(ctx, in.cfg.Model, in.cfg.Endpoint)
 	in.bump(func(s *Stats) {
 		s.Clears++
 		s.Resyncing = resync
@@ -507,8 +523,7 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			c.unknownMedium++
 			return
 		}
-		in.flush(ctx, c)
-		rm := in.addBuf[:0]
+		in.beginOp(tier, true)
 		for _, h := range e.BlockHashes {
 			he, ok := in.hashes[h]
 			if !ok || he.refs[tier] == 0 {
@@ -517,23 +532,17 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			}
 			he.refs[tier]--
 			if he.refs[tier] == 0 {
-				rm = append(rm, he.key)
+				in.opKeys = append(in.opKeys, he.key)
 			}
 			in.hashes[h] = he
 			if he.refs[kvstore.TierGPU] == 0 && he.refs[kvstore.TierCPU] == 0 {
 				in.bury(h)
 			}
 		}
-		in.addBuf = rm
-		if len(rm) > 0 {
-			if err := in.cfg.Index.Remove(ctx, in.cfg.Model, in.cfg.Endpoint, tier, rm); err != nil {
-				c.indexErrors++
-			}
-		}
 	case AllBlocksCleared:
-		in.pending = in.pending[:0]
+		in.flush(ctx, c) // in order: what came before the clear reaches the index first (a rare event)
 		in.forgetAll()
-		if err := in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint); err != nil {
+		if err := in.cfg.Index.ClearConfirmed(ctx, in.cfg.Model, in.cfg.Endpoint); err != nil {
 			c.indexErrors++
 		}
 		c.clears++
@@ -551,12 +560,6 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 		c.unknownMedium++
 		return
 	}
-	if tier != in.pendingTier {
-		in.flush(ctx, c)
-		in.pendingTier = tier
-	}
-	add := in.pending
-	defer func() { in.pending = add }()
 	if len(e.TokenIDs) == 0 {
 		// Placeholder (vLLM CPU offload without self-describing events): resolve through the map.
 		for _, h := range e.BlockHashes {
@@ -568,7 +571,8 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			he.refs[tier]++
 			in.hashes[h] = he
 			if he.refs[tier] == 1 {
-				add = append(add, he.key)
+				in.beginOp(tier, false)
+				in.opKeys = append(in.opKeys, he.key)
 			}
 		}
 	} else {
@@ -608,24 +612,72 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			he.refs[tier]++
 			in.hashes[h] = he
 			if he.refs[tier] == 1 {
-				add = append(add, he.key)
+				in.beginOp(tier, false)
+				in.opKeys = append(in.opKeys, he.key)
 			}
 		}
 	}
 }
 
-// flush sends the pending Add (consecutive BlockStored events of one tier become one Index call: one round
-// trip on Redis).
-func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
-	if len(in.pending) == 0 {
+// beginOp makes the last queued update an Add (remove false) or Remove on tier, so that keys appended to
+// opKeys join it: consecutive events of one kind and tier become one update.
+func (in *Ingester) beginOp(tier kvstore.Tier, remove bool) {
+	if n := len(in.ops); n > 0 && in.ops[n-1].tier == tier && in.ops[n-1].remove == remove {
 		return
 	}
-	if err := in.cfg.Index.Add(ctx, in.cfg.Model, in.cfg.Endpoint, in.pendingTier, in.pending); err != nil {
-		c.indexErrors++
-	} else {
-		c.blocks += uint64(len(in.pending))
+	in.ops = append(in.ops, pendingOp{tier: tier, remove: remove, start: len(in.opKeys)})
+}
+
+// dropOps forgets the queued updates.
+func (in *Ingester) dropOps() {
+	in.ops = in.ops[:0]
+	in.opKeys = in.opKeys[:0]
+}
+
+// flush sends the queued updates of one batch in order: one Batcher.Apply (one pipelined round trip on
+// Redis), or one Add / Remove call per update when the index is not a Batcher.
+func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
+	defer in.dropOps()
+	in.updates = in.updates[:0]
+	added := 0
+	for i, op := range in.ops {
+		end := len(in.opKeys)
+		if i+1 < len(in.ops) {
+			end = in.ops[i+1].start
+		}
+		if end == op.start {
+			continue
+		}
+		u := kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: op.tier, Remove: op.remove, Keys: in.opKeys[op.start:end:end]}
+		if !u.Remove {
+			added += len(u.Keys)
+		}
+		in.updates = append(in.updates, u)
 	}
-	in.pending = in.pending[:0]
+	if len(in.updates) == 0 {
+		return
+	}
+	if in.batcher != nil {
+		if err := in.batcher.Apply(ctx, in.cfg.Model, in.updates); err != nil {
+			c.indexErrors++
+		} else {
+			c.blocks += uint64(added)
+		}
+		return
+	}
+	for _, u := range in.updates {
+		if u.Remove {
+			if err := in.cfg.Index.Remove(ctx, in.cfg.Model, u.Endpoint, u.Tier, u.Keys); err != nil {
+				c.indexErrors++
+			}
+			continue
+		}
+		if err := in.cfg.Index.Add(ctx, in.cfg.Model, u.Endpoint, u.Tier, u.Keys); err != nil {
+			c.indexErrors++
+		} else {
+			c.blocks += uint64(len(u.Keys))
+		}
+	}
 }
 
 // cacheSalt finds the cache salt of a chain's first block: SGLang's metadata.cache_salt, or the last string

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/redistest"
 	"github.com/kvgate/kvgate/kvstore/vllmhash"
 )
 
@@ -527,8 +528,8 @@ func TestIngestCatchUp(t *testing.T) {
 	}
 }
 
-// TestIngestStartsClean: entries another ingester left for the endpoint are dropped on the first message,
-// since their engine hashes cannot be resolved.
+// TestIngestStartsClean: confirmed entries another ingester left for the endpoint are dropped on the first
+// message, since their engine hashes cannot be resolved.
 func TestIngestStartsClean(t *testing.T) {
 	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
 	stale := kvstore.Hasher{Seed: 7}.Keys(tokens(1, 32), 16, kvstore.ExtraKeys{})
@@ -546,6 +547,68 @@ func TestIngestStartsClean(t *testing.T) {
 	}
 	if g, _ := match(t, idx, tokens(100, 16), kvstore.ExtraKeys{}); g != 1 {
 		t.Fatalf("first batch not applied: %d", g)
+	}
+}
+
+// TestIngestKeepsSpeculative: a new Ingester's first message clears what an earlier ingester confirmed for
+// the endpoint, but not the speculative entries the gateway recorded for requests it just routed there (on
+// both backends, over a real libzmq publisher).
+func TestIngestKeepsSpeculative(t *testing.T) {
+	for _, backend := range []string{"memory", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			var idx kvstore.Index = kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+			if backend == "redis" {
+				ri, err := kvstore.NewRedisIndex(redistest.Start(t).Client(t), kvstore.RedisConfig{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				idx = ri
+			}
+			ctx := context.Background()
+			h := kvstore.Hasher{Seed: 7}
+			routed, stale := tokens(2000, 64), tokens(1, 32)
+			if err := idx.Add(ctx, testModel, "e0", kvstore.TierGPU, h.Keys(stale, 16, kvstore.ExtraKeys{})); err != nil {
+				t.Fatal(err)
+			}
+			if err := idx.Record(ctx, testModel, "e0", h.Keys(routed, 16, kvstore.ExtraKeys{}), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			p := startPub(t, 0, 0)
+			ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, EventsAddr: p.addr(p.pubPort), BlockSize: 16,
+				Hasher: h, Index: idx, BackoffMin: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ing.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ing.Close() })
+			p.wait(p.sub, "subscription")
+			first := tokens(500, 32)
+			_, b := storeRoot(t, first)
+			p.pub(7, b)
+			if s := waitStats(t, ing, "first message", seqIs(7)); s.Clears != 1 || s.IndexErrors != 0 {
+				t.Fatalf("stats %+v", s)
+			}
+			if g, c := match(t, idx, routed, kvstore.ExtraKeys{}); g != 4 || c != 0 {
+				t.Fatalf("speculative entries after the first message: %d GPU %d CPU, want 4, 0", g, c)
+			}
+			if g, _ := match(t, idx, stale, kvstore.ExtraKeys{}); g != 0 {
+				t.Fatalf("an earlier ingester's confirmed entries kept: %d", g)
+			}
+			if g, _ := match(t, idx, first, kvstore.ExtraKeys{}); g != 1 {
+				t.Fatalf("first batch not applied: %d", g)
+			}
+			// AllBlocksCleared also drops only what the engine reported.
+			p.pub(8, mustEncode(t, batch(AllBlocksCleared{}), LayoutMap, HashUint))
+			waitStats(t, ing, "seq 8", seqIs(8))
+			if g, _ := match(t, idx, first, kvstore.ExtraKeys{}); g != 0 {
+				t.Fatalf("entries survived AllBlocksCleared: %d", g)
+			}
+			if g, _ := match(t, idx, routed, kvstore.ExtraKeys{}); g != 4 {
+				t.Fatalf("speculative entries after AllBlocksCleared: %d, want 4", g)
+			}
+		})
 	}
 }
 
