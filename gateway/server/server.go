@@ -43,20 +43,20 @@ const DisconnectPoll = 100 * time.Millisecond
 
 // ServedModel is one entry of the model table: the router's model and the adapter name ("" for the base).
 type ServedModel struct {
-	Model *route.Model
-	LoRA  string
+	Model *route.Model // the base model's routing description
+	LoRA  string       // adapter name, "" for the base model
 }
 
 // Options build a Server.
 type Options struct {
-	Config    *config.Config
-	Secrets   config.Secrets
+	Config    *config.Config         // limits and timeouts (body size, idle timeouts)
+	Secrets   config.Secrets         // admin token and client API keys
 	Models    map[string]ServedModel // by client-facing name (models and LoRA adapters)
-	Router    *route.Router
-	Upstream  *upstream.Client
-	Endpoints *endpoints.Set
-	Metrics   *metrics.Metrics
-	Log       *slog.Logger
+	Router    *route.Router          // plans and reserves each request
+	Upstream  *upstream.Client       // forwards to the chosen endpoint
+	Endpoints *endpoints.Set         // live endpoint load and health (/readyz, gauges, marking failures)
+	Metrics   *metrics.Metrics       // collectors; Metrics.Registry is served on /metrics
+	Log       *slog.Logger           // request and lifecycle logs
 	// Admin mounts the admin API on the /admin/v1 group (nil: none, every /admin/ path 404s after auth).
 	Admin func(r fiber.Router)
 	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
