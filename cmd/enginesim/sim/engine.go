@@ -260,9 +260,11 @@ func (e *Engine) submit(prompt []uint32, lora, salt string, maxTokens int, notif
 	if len(prompt) == 0 {
 		return nil, badRequest("the prompt must contain at least one token")
 	}
-	if len(prompt)+maxTokens > e.cfg.MaxModelLen {
+	// Compared without adding the two: a client's max_tokens may be near MaxInt. The message is vLLM's
+	// (OpenAIServing._validate_input); the sum it shows is exact in uint64.
+	if maxTokens > e.cfg.MaxModelLen-len(prompt) {
 		return nil, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			e.cfg.MaxModelLen, len(prompt)+maxTokens, len(prompt), maxTokens)
+			e.cfg.MaxModelLen, uint64(len(prompt))+uint64(maxTokens), len(prompt), maxTokens)
 	}
 	total := e.blocksFor(len(prompt) + maxTokens)
 	if total > e.cfg.NumGPUBlocks {
@@ -306,7 +308,14 @@ func (e *Engine) cancel(r *request) {
 	}
 }
 
-func (e *Engine) blocksFor(tokens int) int { return (tokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize }
+// blocksFor returns ceil(tokens / block size) without overflowing near MaxInt.
+func (e *Engine) blocksFor(tokens int) int {
+	n := tokens / e.cfg.BlockSize
+	if tokens%e.cfg.BlockSize != 0 {
+		n++
+	}
+	return n
+}
 
 // stepWork is one request's share of a scheduler step.
 type stepWork struct {

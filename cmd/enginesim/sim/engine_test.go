@@ -576,3 +576,46 @@ func TestPrefixCachingDisabled(t *testing.T) {
 		t.Fatalf("%d blocks cached with prefix caching off", g)
 	}
 }
+
+// TestMaxTokensOverflowRejected: a max_tokens near MaxInt64 once overflowed prompt+max_tokens past the
+// max-model-len check and panicked the engine (makeslice in the KV cache). It must be a 400 in vLLM's shape,
+// and the engine must keep serving; integral floats are accepted as vLLM's pydantic int accepts them.
+func TestMaxTokensOverflowRejected(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.MaxModelLen = 1000 })
+	chat := func(field, value string) httpResult {
+		return post(t, e, "/v1/chat/completions",
+			`{"model":"m","messages":[{"role":"user","content":"x"}],"`+field+`":`+value+`}`)
+	}
+	for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+		for _, v := range []string{"9223372036854775807", "9223372036854775808", "1e30", "4611686018427387904"} {
+			r := chat(field, v)
+			if r.status != 400 {
+				t.Fatalf("%s=%s: status %d %s", field, v, r.status, r.body)
+			}
+			eb := decode[errorBody](t, r.body)
+			if eb.Error.Type != "BadRequestError" || !strings.Contains(eb.Error.Message, "maximum context length is 1000 tokens") {
+				t.Errorf("%s=%s: %s", field, v, r.body)
+			}
+		}
+		for _, v := range []string{"2.5", `"2"`, "-1", "-9223372036854775808", "0"} {
+			if r := chat(field, v); r.status != 400 {
+				t.Errorf("%s=%s: status %d %s", field, v, r.status, r.body)
+			}
+		}
+	}
+	r := post(t, e, "/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":9223372036854775807}`)
+	if eb := decode[errorBody](t, r.body); r.status != 400 ||
+		eb.Error.Message != "This model's maximum context length is 1000 tokens. However, you requested 9223372036854775810 tokens (3 in the messages, 9223372036854775807 in the completion). Please reduce the length of the messages or completion." {
+		t.Fatalf("completions: %d %s", r.status, r.body)
+	}
+	// The engine is alive, and 2.0 means 2.
+	for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+		r := chat(field, "2.0")
+		if r.status != 200 {
+			t.Fatalf("%s=2.0: %d %s", field, r.status, r.body)
+		}
+		if c := decode[completionJSON](t, r.body); c.Usage == nil || c.Usage.CompletionTokens != 2 {
+			t.Fatalf("%s=2.0: %s", field, r.body)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 )
 
@@ -74,6 +75,32 @@ func FuzzChatBody(f *testing.F) {
 		}
 		if len(ids) != len(prompt) || !bytes.HasSuffix([]byte(prompt), []byte("<|assistant|>\n")) {
 			t.Fatalf("prompt %q with %d ids", prompt, len(ids))
+		}
+	})
+}
+
+// FuzzJSONInt: an integer request field (max_tokens) either decodes or fails, never panics; integer literals
+// keep their value (saturated at the int bounds) and fractional numbers are refused.
+func FuzzJSONInt(f *testing.F) {
+	for _, s := range []string{`2`, `2.0`, `2.5`, `-1`, `1e3`, `1e30`, `-1e30`, `9223372036854775807`,
+		`9223372036854775808`, `-9223372036854775809`, `"2"`, `null`, `true`, `[]`, `0.0000001`, `-0`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var p struct {
+			N *jsonInt `json:"n"`
+		}
+		body := append(append([]byte(`{"n":`), raw...), '}')
+		if err := json.Unmarshal(body, &p); err != nil || p.N == nil {
+			return
+		}
+		var exact int64
+		if json.Unmarshal(raw, &exact) == nil && int64(*p.N) != exact {
+			t.Fatalf("%s decoded as %d", raw, *p.N)
+		}
+		var fl float64
+		if json.Unmarshal(raw, &fl) != nil || fl != math.Trunc(fl) {
+			t.Fatalf("%s accepted as %d but is not an integral number", raw, *p.N)
 		}
 	})
 }

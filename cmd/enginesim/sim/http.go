@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -119,10 +120,41 @@ type commonRequest struct {
 	Model         string         `json:"model"`
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
-	MaxTokens     *int           `json:"max_tokens"`
+	MaxTokens     *jsonInt       `json:"max_tokens"`
 	N             *int           `json:"n"`
 	CacheSalt     string         `json:"cache_salt"`
 	LoRA          string         `json:"lora"`
+}
+
+// jsonInt is an integer request field decoded as vLLM's pydantic int field accepts it: an integer literal,
+// or a number with no fractional part (2.0, 1e3). Values beyond the int range saturate at its bounds, so a
+// huge max_tokens fails the context-length check instead of overflowing. Fractions, strings and other
+// types are decoding errors (400).
+type jsonInt int
+
+// UnmarshalJSON implements json.Unmarshaler. null leaves the value unchanged (a *jsonInt stays nil).
+func (n *jsonInt) UnmarshalJSON(b []byte) error {
+	s := string(bytes.TrimSpace(b))
+	if s == "null" {
+		return nil
+	}
+	if v, err := strconv.ParseInt(s, 10, 0); err == nil || errors.Is(err, strconv.ErrRange) {
+		*n = jsonInt(v) // ParseInt returns the saturated bound with ErrRange
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || s == "" || !(s[0] == '-' || (s[0] >= '0' && s[0] <= '9')) || f != math.Trunc(f) {
+		return fmt.Errorf("expected an integer, got %s", s)
+	}
+	switch {
+	case f >= math.MaxInt:
+		*n = math.MaxInt
+	case f <= math.MinInt:
+		*n = math.MinInt
+	default:
+		*n = jsonInt(f)
+	}
+	return nil
 }
 
 // served is one accepted completion request, after faults, model and token resolution.
@@ -138,7 +170,7 @@ type served struct {
 
 // preamble applies the request faults (stall, then failure) and validates the shared fields. It reports
 // false when it has answered the request.
-func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonRequest, maxCompletion *int) (served, bool) {
+func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonRequest, maxCompletion *jsonInt) (served, bool) {
 	f := e.faults.draw()
 	if f.stall > 0 {
 		e.m.faults.WithLabelValues("stall").Inc()
@@ -171,9 +203,9 @@ func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonReque
 		stream: c.Stream, includeUsage: c.Stream && c.StreamOptions != nil && c.StreamOptions.IncludeUsage, faults: f}
 	switch {
 	case maxCompletion != nil:
-		s.maxTokens = *maxCompletion
+		s.maxTokens = int(*maxCompletion)
 	case c.MaxTokens != nil:
-		s.maxTokens = *c.MaxTokens
+		s.maxTokens = int(*c.MaxTokens)
 	}
 	if s.maxTokens < 1 {
 		e.reject(w, badRequest("max_tokens must be at least 1, got %d.", s.maxTokens))
@@ -197,7 +229,7 @@ func (e *Engine) reject(w http.ResponseWriter, err error) {
 
 type chatRequest struct {
 	commonRequest
-	MaxCompletionTokens *int     `json:"max_completion_tokens"`
+	MaxCompletionTokens *jsonInt `json:"max_completion_tokens"`
 	PromptTokenIDs      []uint32 `json:"prompt_token_ids"`
 }
 
