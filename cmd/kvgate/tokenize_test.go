@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tests/testenv"
 )
 
 // tokModelDir locates a reference model like the tokenizer tests do (internal/testenv.ModelDir).

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/tokenizer"
-	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tests/testenv"
 )
 
 // needModel returns the directory of a reference model fetched by `make models`; a missing model skips the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
-	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tests/testenv"
 )
 
 // repoRoot is the directory holding go.mod (internal/testenv.RepoRoot).

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tests/testenv"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 	"github.com/kvgate/kvgate/kvstore/vllmhash"

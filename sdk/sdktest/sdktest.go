@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tests/testenv"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
 )

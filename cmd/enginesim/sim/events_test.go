@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tests/testenv"
 )
 
 // goldenPayloads reads testdata/payloads.hex.txt (copied from the reference kv-events goldens).
