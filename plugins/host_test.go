@@ -248,11 +248,11 @@ func TestFallbacks(t *testing.T) {
 		}
 	}
 	for key, want := range map[string]float64{
-		"kvgate_policy_fallbacks_total{reason=trap}":            1,
-		"kvgate_policy_fallbacks_total{reason=invalid_ranking}": 2,
-		"kvgate_policy_fallbacks_total{reason=timeout}":         0,
-		"kvgate_policy_instances_replaced_total":                1,
-		"kvgate_policy_calls_total":                             8,
+		"kvgate_policy_host_fallbacks_total{reason=trap}":            1,
+		"kvgate_policy_host_fallbacks_total{reason=invalid_ranking}": 2,
+		"kvgate_policy_host_fallbacks_total{reason=timeout}":         0,
+		"kvgate_policy_instances_replaced_total":                     1,
+		"kvgate_policy_calls_total":                                  8,
 	} {
 		if v, ok := got[key]; !ok || v != want {
 			t.Errorf("metric %s = %v (present %v), want %v", key, v, ok, want)

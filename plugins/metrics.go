@@ -30,7 +30,7 @@ func (h *Host) Stats() Stats {
 
 var (
 	descCalls     = prometheus.NewDesc("kvgate_policy_calls_total", "Routing decisions asked of the policy host.", nil, nil)
-	descFallbacks = prometheus.NewDesc("kvgate_policy_fallbacks_total", "Decisions answered by the native three-tier fallback, by reason.", []string{"reason"}, nil)
+	descFallbacks = prometheus.NewDesc("kvgate_policy_host_fallbacks_total", "Decisions the host answered with the native three-tier fallback, by reason (the gateway also counts them per model in kvgate_policy_fallbacks_total).", []string{"reason"}, nil)
 	descSwaps     = prometheus.NewDesc("kvgate_policy_swaps_total", "Policy activations, rollbacks and deactivations.", nil, nil)
 	descReplaced  = prometheus.NewDesc("kvgate_policy_instances_replaced_total", "Policy instances discarded after a trap or timeout.", nil, nil)
 	descAbandoned = prometheus.NewDesc("kvgate_policy_abandoned_calls", "Policy calls past their deadline still running.", nil, nil)
