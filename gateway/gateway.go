@@ -115,7 +115,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: policy host: %w", err)
 	}
 	g.host = host
-	ps := &policySync{g: g, applied: map[string][]byte{}, failed: map[string]bool{}}
+	ps := newPolicySync(g)
 	g.policySync = ps
 	for _, m := range cfg.Models {
 		if err := g.activateConfigPolicy(ctx, m); err != nil {

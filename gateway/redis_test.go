@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,36 @@ func TestTwoGatewaysOnRedis(t *testing.T) {
 	if got := h.Get("x-kvgate-policy"); got != string(ver)[:len("tt3@")+12] {
 		t.Fatalf("b header %q", got)
 	}
+
+	// An activation of an already-compiled version does not wait behind the compilation of another module:
+	// upload a new module (the built-in plus a custom section: new bytes, a full compile on b) and at once
+	// switch back to the built-in version on a.
+	big := append(append([]byte{}, plugins.BuiltinWasm...), 0, 6, 4, 'k', 'v', 'g', 'x', 1)
+	bigVer := plugins.VersionOf("big", big)
+	req, _ = http.NewRequest(http.MethodPut, "http://"+a.Addr()+"/admin/v1/policies/big", strings.NewReader(string(big)))
+	req.Header.Set("Authorization", "Bearer admintok")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("upload big: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	builtin := b.Host().BuiltinVersion()
+	st, _, rb = post(t, "http://"+a.Addr()+"/admin/v1/policies/activate", `{"model":"qwen3","version":"`+string(builtin)+`","config":{}}`, "Authorization", "Bearer admintok")
+	if st != 200 {
+		t.Fatalf("activate builtin %d %s", st, rb)
+	}
+	activated = time.Now()
+	if !waitFor(time.Second, func() bool { v, _ := b.Host().Active("qwen3"); return v == builtin }) {
+		t.Fatal("b did not switch to the compiled built-in within 1 s while compiling another module")
+	}
+	bigLoaded := slices.ContainsFunc(b.Host().Versions(), func(v plugins.VersionInfo) bool { return v.Version == bigVer })
+	t.Logf("activation reached b after %v (b had finished compiling the new module: %v)", time.Since(activated), bigLoaded)
+	if !waitFor(30*time.Second, func() bool {
+		return slices.ContainsFunc(b.Host().Versions(), func(v plugins.VersionInfo) bool { return v.Version == bigVer })
+	}) {
+		t.Fatal("b never compiled the new module")
+	}
+	lap("activation during a compile checked")
 
 	// Redis down: requests are still served on load alone; readyz says degraded.
 	rs.Stop()
