@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
 // processCPU returns the CPU time the process has used (all threads, GC included); the benchmarks report
@@ -27,11 +29,16 @@ func reportCPU(b *testing.B, c0 time.Duration) {
 }
 
 // BenchmarkMultiTurn measures one turn of a ~32k-token multi-turn conversation (Qwen3, ChatML layout):
-//   - cached: the whole prompt through EncodePrompt after the previous turn's prompt went through it; the
-//     new turn's text differs on every iteration, so it is always encoded. The timed loop also builds the
-//     prompt string (a ~120 KB concatenation, measured alone by "build-prompt");
+//   - next-turn: 32 conversations of ~32k tokens take turns growing by one assistant reply and one user
+//     question (~1.5 KB of new text, different on every iteration); each prompt goes through EncodePrompt
+//     after the previous turn's prompt of the same conversation did. With -benchtime 1000x each grows by
+//     about 31 turns (32k to ~43k tokens). The timed loop also builds the prompt string (measured alone by
+//     "next-turn-build"); "next-turn-new-text" encodes only the text each turn added, the lower bound;
+//   - regenerate: the same ~32k-token conversation with its last message replaced on every iteration (a
+//     branch off the same cached prefix, as when a user regenerates or edits the last message); the timed
+//     loop also builds the prompt string (measured alone by "build-prompt");
 //   - uncached: the same prompt with plain Encode (word cache only);
-//   - new-text-only: the new turn's text alone, the lower bound.
+//   - new-text-only: the replaced last message's text alone, the lower bound for "regenerate".
 func BenchmarkMultiTurn(b *testing.B) {
 	tk := loadTok(b, modelDir(b, "qwen3"))
 	turns := conversation(b, tk, 1500, 32000)
@@ -52,7 +59,10 @@ func BenchmarkMultiTurn(b *testing.B) {
 	if prompt(0) != chatML(append(prev[:len(prev):len(prev)], last+"0")) {
 		b.Fatal("prompt builder disagrees with chatML")
 	}
-	b.Run("cached", func(b *testing.B) {
+	b.Run("next-turn", func(b *testing.B) { benchNextTurn(b, md0(tk), full, false) })
+	b.Run("next-turn-build", func(b *testing.B) { benchNextTurn(b, nil, full, false) })
+	b.Run("next-turn-new-text", func(b *testing.B) { benchNextTurn(b, md0(tk), full, true) })
+	b.Run("regenerate", func(b *testing.B) {
 		md := New(tk, nil)
 		md.EncodePrompt(prevPrompt) // the gateway saw the previous turn
 		b.SetBytes(int64(len(full)))
@@ -90,6 +100,51 @@ func BenchmarkMultiTurn(b *testing.B) {
 		}
 		reportCPU(b, c0)
 	})
+}
+
+func md0(tk *tokenizer.Tokenizer) *Model { return New(tk, nil) }
+
+// benchNextTurn runs the "next-turn" benchmarks on conversations built from base (a ChatML prompt ending
+// with the generation prompt): with md, each iteration encodes one conversation's next prompt through
+// md.EncodePrompt (newTextOnly: encodes only the text the turn added, with the tokenizer); with a nil md it
+// only builds the prompts.
+func benchNextTurn(b *testing.B, md *Model, base string, newTextOnly bool) {
+	const lanes = 32
+	text := benchText(b)
+	var snippets []string
+	for off := len(text) / 2; len(snippets) < 64; off += 750 {
+		snippets = append(snippets, strings.ToValidUTF8(text[off:off+750], ""))
+	}
+	prompts := make([]string, lanes)
+	for j := range prompts {
+		prompts[j] = strings.Replace(base, "You are a helpful assistant.", "You are a helpful assistant ("+strconv.Itoa(j)+").", 1)
+		if md != nil {
+			md.EncodePrompt(prompts[j])
+		}
+	}
+	tk := (*tokenizer.Tokenizer)(nil)
+	if md != nil {
+		tk = md.Tokenizer()
+	}
+	b.SetBytes(int64(len(base)))
+	i := 0
+	c0 := processCPU()
+	for b.Loop() {
+		i++
+		j := i % lanes
+		added := snippets[i%len(snippets)] + strconv.Itoa(i) + "<|im_end|>\n<|im_start|>user\n" +
+			snippets[(i+7)%len(snippets)] + strconv.Itoa(i) + "<|im_end|>\n<|im_start|>assistant\n"
+		switch {
+		case md == nil:
+			prompts[j] += added
+		case newTextOnly:
+			tk.Encode(added, false)
+		default:
+			prompts[j] += added
+			md.EncodePrompt(prompts[j])
+		}
+	}
+	reportCPU(b, c0)
 }
 
 // BenchmarkEncodeChat renders and encodes reference chat requests end to end (Qwen3 template + tokenizer),
