@@ -7,7 +7,9 @@ package openai
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 
@@ -135,6 +137,43 @@ type Request struct {
 	HasPromptTokenIDs bool
 }
 
+// MaxTokensCap bounds Request.MaxTokens: a larger max_tokens / max_completion_tokens is read as this many
+// (2^32 tokens, beyond any model's context), so the gateway's cost arithmetic (prompt + n × max_tokens) cannot
+// overflow int64. The body is forwarded as sent; the engine answers a request over its context length with
+// its own 400.
+const MaxTokensCap = 1 << 32
+
+// tokenCount reads a token-count member as OpenAI and vLLM accept it: a JSON number with no fractional part
+// (7, 7.0, 7e2), not negative; values over MaxTokensCap (even beyond int64 or float64 range) read as
+// MaxTokensCap. ok is false for other types, fractions and negative numbers.
+func tokenCount(v gjson.Result) (n int64, ok bool) {
+	if v.Type != gjson.Number {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	switch {
+	case err == nil:
+	case errors.Is(err, strconv.ErrRange):
+		if v.Raw[0] == '-' {
+			return 0, false
+		}
+		n = MaxTokensCap
+	default:
+		f, err := strconv.ParseFloat(v.Raw, 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) || f != math.Trunc(f) || f < 0 {
+			return 0, false
+		}
+		if f >= MaxTokensCap { // also +Inf (a literal beyond float64 range)
+			return MaxTokensCap, true
+		}
+		n = int64(f) // 0 for a literal too small for float64 (1e-400 rounds to 0, an integer)
+	}
+	if n < 0 {
+		return 0, false
+	}
+	return min(n, MaxTokensCap), true
+}
+
 // ParseRequest validates body for api and extracts the routing fields; errors are *Error with status 400.
 func ParseRequest(api API, body []byte) (*Request, error) {
 	if !gjson.ValidBytes(body) {
@@ -185,8 +224,8 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 		if !f.v.Exists() || f.v.Type == gjson.Null {
 			continue
 		}
-		n, err := strconv.ParseInt(f.v.Raw, 10, 64)
-		if f.v.Type != gjson.Number || err != nil || n < 0 {
+		n, ok := tokenCount(f.v)
+		if !ok {
 			return nil, BadRequest(f.k, "`%s` must be a non-negative integer.", f.k)
 		}
 		r.MaxTokens = n

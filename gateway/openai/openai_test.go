@@ -92,6 +92,8 @@ func TestSplice(t *testing.T) {
 func FuzzParseRequest(f *testing.F) {
 	f.Add(uint8(1), []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
 	f.Add(uint8(2), []byte(`{"model":"m","prompt":[[1,2],[3]],"max_tokens":3}`))
+	f.Add(uint8(1), []byte(`{"model":"m","messages":[{}],"max_completion_tokens":9223372036854775807}`))
+	f.Add(uint8(2), []byte(`{"model":"m","prompt":"x","max_tokens":2.0,"max_completion_tokens":-1e400}`))
 	f.Fuzz(func(t *testing.T, api uint8, body []byte) {
 		a := API(api%2 + 1)
 		r, err := ParseRequest(a, body)
@@ -105,6 +107,9 @@ func FuzzParseRequest(f *testing.F) {
 		if r.Model == "" {
 			t.Fatal("accepted without model")
 		}
+		if r.MaxTokens < -1 || r.MaxTokens > MaxTokensCap {
+			t.Fatalf("max tokens %d outside [-1, MaxTokensCap]", r.MaxTokens)
+		}
 		if a == Chat {
 			if !json.Valid(SpliceChatTokenIDs(body, []uint32{1, 2})) {
 				t.Fatalf("splice made invalid JSON from %q", body)
@@ -113,4 +118,27 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("splice prompt: %v %q", err, out)
 		}
 	})
+}
+
+// max_tokens and max_completion_tokens: non-negative integers, integral floats accepted (OpenAI and vLLM
+// take 2.0), and huge values read as MaxTokensCap so prompt + n × max_tokens cannot overflow.
+func TestMaxTokensValues(t *testing.T) {
+	for raw, want := range map[string]int64{
+		`0`: 0, `7`: 7, `2.0`: 2, `7e2`: 700, `-0`: 0, `-0.0`: 0, `4294967296`: MaxTokensCap,
+		`4294967297`: MaxTokensCap, `9223372036854775807`: MaxTokensCap, `9223372036854775808`: MaxTokensCap,
+		`1e30`: MaxTokensCap, `1e400`: MaxTokensCap, `null`: -1,
+	} {
+		for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+			r, err := ParseRequest(Chat, []byte(`{"model":"m","messages":[{}],"`+field+`":`+raw+`}`))
+			if err != nil || r.MaxTokens != want {
+				t.Errorf("%s=%s: %v %v, want %d", field, raw, r, err, want)
+			}
+		}
+	}
+	for _, raw := range []string{`-1`, `2.5`, `-9223372036854775809`, `-1e400`, `"7"`, `true`, `[1]`, `1e-1`} {
+		_, err := ParseRequest(Completions, []byte(`{"model":"m","prompt":"x","max_tokens":`+raw+`}`))
+		if oe, ok := errors.AsType[*Error](err); !ok || oe.Status != 400 || oe.Param != "max_tokens" {
+			t.Errorf("max_tokens=%s: %v", raw, err)
+		}
+	}
 }

@@ -443,7 +443,7 @@ func (r *Router) Cost(p *Plan) kvstore.Cost {
 	if out < 0 {
 		out = r.o.DefaultOutputTokens
 	}
-	return kvstore.Cost{Requests: 1, Tokens: int64(len(p.IDs)) + out}
+	return kvstore.Cost{Requests: 1, Tokens: satAdd(int64(len(p.IDs)), out)}
 }
 
 // Reserve leases the first ranked candidate with capacity, skipping candidates in exclude (indices of
