@@ -316,7 +316,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	if !p.LoadOnly && len(p.Keys) > 0 {
 		ms, err := r.o.Index.Match(ctx, m.Name, p.Keys)
 		if err != nil && ctx.Err() == nil {
-			r.storeFailed("match", err)
+			r.storeError("match", err)
 			p.LoadOnly = true
 		}
 		for _, mt := range ms {
@@ -336,7 +336,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	}
 	infl := ir.m
 	if ir.err != nil && ctx.Err() == nil {
-		r.storeFailed("inflight", ir.err)
+		r.storeError("inflight", ir.err)
 		infl = nil
 	}
 	if infl != nil && r.storeUp() && !r.inGrace() {
@@ -497,6 +497,9 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if !errors.Is(err, kvstore.ErrNoCapacity) { // refused by a reachable store: waiting will not help
+			return nil, fmt.Errorf("%w: %w", errStoreRefused(), err)
+		}
 		r.o.Metrics.ReservationRefusals.WithLabelValues(p.Model.Name).Inc()
 		now := r.o.Now()
 		if !now.Before(deadline) {
@@ -558,9 +561,8 @@ func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, co
 			r.graceMu.Unlock()
 		}
 		r.modeMu.RUnlock()
-		if err != nil && !errors.Is(err, kvstore.ErrNoCapacity) && ctx.Err() == nil {
-			r.storeFailed("reserve", err)
-			continue // once more, within the store-down cap
+		if err != nil && !errors.Is(err, kvstore.ErrNoCapacity) && ctx.Err() == nil && r.storeError("reserve", err) {
+			continue // the store is unreachable: once more, within the store-down cap
 		}
 		return cl, err
 	}
@@ -585,7 +587,7 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if err := r.o.Index.Record(rctx, model, ep, keys, r.o.SpeculativeTTL); err != nil {
-			r.storeFailed("record", err)
+			r.storeError("record", err)
 		}
 		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
 	}()
@@ -612,7 +614,7 @@ func (r *Router) Renew(ctx context.Context, c *Claim) error {
 		return r.registerLocked(ctx, c, r.currentEpoch())
 	}
 	if ctx.Err() == nil {
-		r.storeFailed("renew", err)
+		r.storeError("renew", err)
 	}
 	return err
 }
@@ -649,8 +651,9 @@ func (r *Router) Release(c *Claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := r.o.Reservations.Release(ctx, l); err != nil {
-		r.storeFailed("release", err)
-		r.deferRelease(l, epoch)
+		if r.storeError("release", err) {
+			r.deferRelease(l, epoch) // retried when the store answers again
+		}
 	}
 }
 
