@@ -72,10 +72,13 @@ var (
 //	<base>{<model>}:e:<endpoint>                   SET   block IDs (hex) the endpoint holds on a tier
 //	<base>{<model>}:s:<endpoint>                   ZSET  block IDs with speculative holds, scored by expiry ms
 //
-// Speculative expiry uses the Redis server's clock (TIME inside the scripts). See kvstore/RATIONALE.md.
+// Speculative expiry uses the Redis server's clock (TIME). See kvstore/RATIONALE.md.
 type RedisIndex struct {
 	c    redis.UniversalClient
 	base string
+	// single is set for a client of one server (not *redis.ClusterClient or *redis.Ring): Match then
+	// pipelines MGET and TIME instead of running a script.
+	single bool
 }
 
 var _ Index = (*RedisIndex)(nil)
@@ -87,7 +90,12 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 	if err != nil {
 		return nil, err
 	}
-	return &RedisIndex{c: client, base: base}, nil
+	single := true
+	switch client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		single = false
+	}
+	return &RedisIndex{c: client, base: base, single: single}, nil
 }
 
 // modelPrefix returns "<base>{<model>}:".
@@ -126,13 +134,21 @@ func (r *RedisIndex) blockKeys(model string, head []string, keys []BlockKey, pre
 	return names, args
 }
 
-// Match implements Index (one EVALSHA: the script reads the server clock and MGETs the blocks; the runs
-// are computed here).
+// matchChunk is the most block keys one MGET of Match asks for.
+const matchChunk = 4000
+
+// Match implements Index in one round trip, the runs computed here from the blocks' values. On one server
+// it pipelines MGET (chunks of 4,000 keys) and TIME; on Redis Cluster, where TIME would go to a random
+// node, one EVALSHA reads the clock and MGETs the blocks on the model's master (it stops after the first
+// chunk that ends in a missing block).
 func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	if len(keys) == 0 || model == "" {
 		return nil, nil
 	}
 	names, _ := r.blockKeys(model, nil, keys)
+	if r.single {
+		return r.matchPipelined(ctx, names)
+	}
 	res, err := scriptIndexMatch.Run(ctx, r.c, names).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
@@ -144,6 +160,30 @@ func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) (
 	vals, ok2 := res[1].([]any)
 	if !ok1 || !ok2 {
 		return nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T", res[0], res[1])
+	}
+	return matchRuns(now, vals)
+}
+
+// matchPipelined is Match on one server: MGETs and TIME in one pipeline (no script: the values cross no
+// Lua boundary, which costs about as much Redis CPU as the MGET itself). The clock is read right after the
+// blocks, in the same single-threaded server; only speculative expiry depends on it.
+func (r *RedisIndex) matchPipelined(ctx context.Context, names []string) ([]EndpointMatch, error) {
+	p := r.c.Pipeline()
+	gets := make([]*redis.SliceCmd, 0, (len(names)+matchChunk-1)/matchChunk)
+	for i := 0; i < len(names); i += matchChunk {
+		gets = append(gets, p.MGet(ctx, names[i:min(i+matchChunk, len(names))]...))
+	}
+	tm := p.Time(ctx)
+	if _, err := p.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	now := tm.Val().UnixMilli()
+	vals := gets[0].Val()
+	for _, g := range gets[1:] {
+		if len(vals) > 0 && vals[len(vals)-1] == nil {
+			break // the runs end before this chunk
+		}
+		vals = append(vals, g.Val()...)
 	}
 	return matchRuns(now, vals)
 }
