@@ -21,6 +21,7 @@ package model
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
@@ -109,34 +110,40 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 }
 
 // EncodePrompt encodes an already rendered prompt without adding special tokens, through the prefix and
-// segment caches. It returns exactly m.Tokenizer().Encode(prompt, false), in a fresh slice.
+// segment caches. It returns exactly m.Tokenizer().Encode(prompt, false).
+//
+// The result is read-only: it may share memory with the prefix cache and with the results of other calls
+// (the same conversation's earlier and later turns), so the caller must not write its elements. Its
+// capacity equals its length, so appending to it copies it and is safe.
 func (m *Model) EncodePrompt(prompt string) []uint32 {
-	var out []uint32
-	var used *prefixEntry
-	base, baseIDs := 0, 0
-	if len(prompt) > minPrefix {
+	var prefix []uint32 // a cached prefix's IDs, in arena
+	var arena *idArena
+	base := 0
+	if len(prompt) > minPrefix && m.prefixes.enabled() {
 		probes := 0
 		m.tok.AddedTokenEnds(prompt, func(p int) bool {
 			if p < minPrefix || probes == maxProbes {
 				return false
 			}
 			probes++
-			if used = m.prefixes.lookup(prompt, p); used != nil {
+			var ok bool
+			if prefix, arena, ok = m.prefixes.lookup(prompt, p); ok {
 				base = p
 				return false
 			}
 			return true
 		})
-		if used != nil {
-			out = used.appendIDs(make([]uint32, 0, used.total+(len(prompt)-base)/2+16))
-			baseIDs = len(out)
-		}
 	}
 	if !utf8.ValidString(prompt[base:]) {
 		// A cached prefix is valid UTF-8 and ends after a token, so only the rest needs repairing.
 		prompt = prompt[:base] + strings.ToValidUTF8(prompt[base:], "\uFFFD")
 	}
-	if out == nil {
+	var out []uint32 // the IDs of prompt[base:]
+	var scratch *[]uint32
+	if arena != nil {
+		scratch = scratchIDs.Get().(*[]uint32)
+		out = (*scratch)[:0]
+	} else {
 		// Byte-level BPE averages 3 to 4.5 bytes per token on text; /2 leaves room for code and CJK.
 		out = make([]uint32, 0, len(prompt)/2+16)
 	}
@@ -163,11 +170,41 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 			lastStable, lastStableIDs = base+b, len(out)
 		}
 	})
-	if lastStable >= minPrefix {
-		m.prefixes.put(prompt, lastStable, used, append([]uint32(nil), out[baseIDs:lastStableIDs]...), len(prompt))
+	if arena == nil {
+		if lastStable < minPrefix || !m.prefixes.enabled() {
+			return view(out, len(out)) // nothing shares it, but the contract is the same
+		}
+		if cap(out) > arenaCap(len(out)) {
+			// Do not keep the estimate's spare capacity (a copy, next to a full encode).
+			out = append(make([]uint32, 0, arenaCap(len(out))), out...)
+		}
+		arena = newArena(out)
+		m.prefixes.put(prompt, lastStable, view(out, lastStableIDs), arena, len(prompt)+4*cap(out))
+		return view(out, len(out))
 	}
-	return out
+	ids, capacity, ok := arena.extend(prefix, out)
+	if !ok {
+		// A branch: the cached prefix's array continues with another conversation's IDs.
+		n := len(prefix) + len(out)
+		buf := make([]uint32, n, arenaCap(n))
+		copy(buf[copy(buf, prefix):], out)
+		arena, ids, capacity = newArena(buf), view(buf, n), cap(buf)
+	}
+	if lastStable > base {
+		m.prefixes.put(prompt, lastStable, view(ids, len(prefix)+lastStableIDs), arena, len(prompt)+4*capacity)
+	}
+	if cap(out) <= maxScratchIDs {
+		*scratch = out[:0]
+		scratchIDs.Put(scratch)
+	}
+	return ids
 }
+
+// scratchIDs holds the buffers (*[]uint32) EncodePrompt encodes a cached prefix's continuation into before
+// appending it to the prefix's arena; buffers above maxScratchIDs are dropped.
+var scratchIDs = sync.Pool{New: func() any { return new([]uint32) }}
+
+const maxScratchIDs = 1 << 16
 
 // Load reads an HF model directory: the tokenizer (tokenizer.json or tokenizer.json.gz,
 // tokenizer_config.json) and the chat template (gateway/chattemplate.Load). A directory without a chat

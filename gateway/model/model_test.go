@@ -289,14 +289,14 @@ func TestLoadWithoutTemplate(t *testing.T) {
 	}
 }
 
-// TestPrefixCacheBranchesAndEviction drives the prefix cache through a long conversation (deeper than
-// maxChain, so chains get flattened), branches (an edited earlier turn, a regenerated answer) and a cache
+// TestPrefixCacheBranchesAndEviction drives the prefix cache through a long conversation (140 turns, so
+// its arena grows several times), branches (an edited earlier turn, a regenerated answer) and a cache
 // small enough to evict: every result must equal plain Encode.
 func TestPrefixCacheBranchesAndEviction(t *testing.T) {
 	tk := loadTok(t, modelDir(t, "qwen3"))
 	text := benchText(t)
 	var turns []string
-	for off := 0; len(turns) < 2*maxChain+10; off += 300 {
+	for off := 0; len(turns) < 140; off += 300 {
 		turns = append(turns, strings.ToValidUTF8(text[off:off+300], ""))
 	}
 	// The second limit leaves room for two or three prefixes per shard, so entries get evicted.

@@ -10,8 +10,9 @@ import (
 // (tokenizer.SplitAdded). An entry is keyed by the prefix's length and a hash of its last keyBytes bytes;
 // a lookup probes the token ends of a new prompt from its end backwards (tokenizer.AddedTokenEnds), so the
 // previous turn of a conversation is found after a few probes, and confirms a hit by comparing the whole
-// prefix text, so a hit is exact. Entries extend a parent entry (chains), see RATIONALE.md. It is a
-// bounded LRU split into shards by key.
+// prefix text, so a hit is exact. An entry's IDs live in an idArena shared with the conversation's other
+// turns and with the slices EncodePrompt returns, see RATIONALE.md. It is a bounded LRU split into shards
+// by key.
 type prefixCache struct {
 	seed   maphash.Seed
 	shards [prefixShards]prefixShard
@@ -26,8 +27,6 @@ const (
 	// maxProbes bounds the token ends a lookup tries before giving up (a prompt the cache has never seen
 	// costs at most this many probes plus a backward byte scan).
 	maxProbes = 64
-	// maxChain bounds how many entries one prefix's IDs are spread over; a deeper one is stored whole.
-	maxChain = 64
 )
 
 type prefixShard struct {
@@ -39,14 +38,62 @@ type prefixShard struct {
 }
 
 type prefixEntry struct {
-	key    uint64
-	text   string       // the prefix (a substring of the prompt it came from); "" once evicted
-	parent *prefixEntry // the shorter prefix this one extends, nil for a root
-	delta  []uint32     // the IDs after the parent's; never modified after insertion
-	total  int          // number of IDs of the whole prefix
-	depth  int          // number of ancestors
-	size   int
-	el     *list.Element
+	key   uint64
+	text  string   // the prefix (a substring of the prompt it came from); "" once evicted
+	ids   []uint32 // the prefix's IDs: arena memory, len == cap, never written
+	arena *idArena // where ids live and where the conversation's next turn appends
+	size  int
+	el    *list.Element
+}
+
+// idArena is the append-only backing array of one conversation's IDs. ids[:len(ids)] are never written
+// again: cached entries and returned slices are views of it (clipped to their length, so an append by a
+// caller reallocates), and a later turn of the conversation appends after len(ids), or to a larger copy
+// when the capacity is used up (older views keep the older array). Only the appending needs mu.
+type idArena struct {
+	mu  sync.Mutex
+	ids []uint32
+}
+
+// arenaCap is the capacity of an arena array for n IDs: a quarter more, and at least 1024 more (a turn).
+func arenaCap(n int) int { return n + max(n/4, 1024) }
+
+// newArena makes an arena holding ids (whose spare capacity it takes over).
+func newArena(ids []uint32) *idArena { return &idArena{ids: ids} }
+
+// view returns ids[:n] as a read-only view (len == cap).
+func view(ids []uint32, n int) []uint32 { return ids[:n:n] }
+
+// extend returns a view of prefix (a view of a's array of length n, ending at a cached boundary) followed
+// by more, appending more to the arena if the IDs after n are still free or already start with more's
+// first IDs (the same conversation's previous turn). ok is false when the IDs after n belong to a
+// different continuation (a branch); the caller then copies prefix to a new arena.
+// capacity is the capacity of the array ids is a view of.
+func (a *idArena) extend(prefix []uint32, more []uint32) (ids []uint32, capacity int, ok bool) {
+	n := len(prefix)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	have := a.ids[n:]
+	k := 0
+	for k < len(have) && k < len(more) && have[k] == more[k] {
+		k++
+	}
+	switch {
+	case k == len(more): // the IDs are already there (the same prompt again)
+		return view(a.ids, n+k), cap(a.ids), true
+	case k < len(have): // the array continues differently: a branch
+		return nil, 0, false
+	}
+	need := len(a.ids) + len(more) - k
+	if need > cap(a.ids) {
+		// Grow by a quarter, so a growing conversation copies each ID about four times in all (a few
+		// hundred nanoseconds per turn) and the spare capacity stays small.
+		grown := make([]uint32, len(a.ids), arenaCap(need))
+		copy(grown, a.ids)
+		a.ids = grown
+	}
+	a.ids = append(a.ids, more[k:]...)
+	return view(a.ids, need), cap(a.ids), true
 }
 
 func newPrefixCache(limitBytes int) *prefixCache {
@@ -58,26 +105,16 @@ func newPrefixCache(limitBytes int) *prefixCache {
 	return c
 }
 
+// enabled reports whether the cache can hold anything.
+func (c *prefixCache) enabled() bool { return c.shards[0].limit > 0 }
+
 // key returns the key of prompt[:n].
 func (c *prefixCache) key(prompt string, n int) uint64 {
 	return maphash.String(c.seed, prompt[n-min(n, keyBytes):n]) ^ uint64(n)*0x9E3779B97F4A7C15
 }
 
-// appendIDs appends the IDs of the whole prefix (the deltas from the root down) to dst.
-func (e *prefixEntry) appendIDs(dst []uint32) []uint32 {
-	var buf [maxChain + 1]*prefixEntry
-	chain := buf[:0]
-	for x := e; x != nil; x = x.parent {
-		chain = append(chain, x)
-	}
-	for i := len(chain) - 1; i >= 0; i-- {
-		dst = append(dst, chain[i].delta...)
-	}
-	return dst
-}
-
-// lookup returns the cached entry for prompt[:n], or nil.
-func (c *prefixCache) lookup(prompt string, n int) *prefixEntry {
+// lookup returns the IDs and arena of the cached prefix prompt[:n]; ok is false when it is not cached.
+func (c *prefixCache) lookup(prompt string, n int) (ids []uint32, arena *idArena, ok bool) {
 	k := c.key(prompt, n)
 	sh := &c.shards[k%prefixShards]
 	sh.mu.Lock()
@@ -85,27 +122,20 @@ func (c *prefixCache) lookup(prompt string, n int) *prefixEntry {
 	for _, e := range sh.byKey[k] {
 		if sameText(prompt[:n], e.text) {
 			sh.order.MoveToFront(e.el)
-			return e
+			return e.ids, e.arena, true
 		}
 	}
-	return nil
+	return nil, nil, false
 }
 
-// put stores prompt[:n], which keeps retained bytes alive: parent (may be nil) is the cached prefix it
-// extends and delta the IDs after the parent's.
-func (c *prefixCache) put(prompt string, n int, parent *prefixEntry, delta []uint32, retained int) {
+// put stores prompt[:n], whose IDs are ids (a view of arena), keeping retained bytes alive (the prompt
+// text and the array ids is a view of).
+func (c *prefixCache) put(prompt string, n int, ids []uint32, arena *idArena, retained int) {
 	k := c.key(prompt, n)
-	e := &prefixEntry{key: k, text: prompt[:n], parent: parent, delta: delta, total: len(delta)}
-	if parent != nil {
-		e.total += parent.total
-		e.depth = parent.depth + 1
-		if e.depth >= maxChain { // flatten
-			e.delta = e.appendIDs(make([]uint32, 0, e.total))
-			e.parent, e.depth = nil, 0
-		}
-	}
-	// Account for the whole prefix's IDs: evicted ancestors stay reachable through parent.
-	e.size = retained + 4*e.total + 128
+	e := &prefixEntry{key: k, text: prompt[:n], ids: ids, arena: arena}
+	// A conversation's entries share one array, but each counts it whole: conservative, and it covers
+	// the older arrays a growth leaves behind for the older entries.
+	e.size = retained + 128
 	sh := &c.shards[k%prefixShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -141,7 +171,7 @@ func (sh *prefixShard) remove(e *prefixEntry) {
 	}
 	sh.order.Remove(e.el)
 	sh.bytes -= e.size
-	e.text = "" // its prompt may be freed; descendants only need its delta
+	e.text, e.ids, e.arena = "", nil, nil // entries are only read under the lock; lookups returned copies
 }
 
 // sameText is a == b comparing the last 256 bytes first: prefixes of one conversation's branches share all
