@@ -206,7 +206,7 @@ func (r *Router) checkStore(ctx context.Context) {
 	if r.o.Epocher != nil {
 		ep, err := r.o.Epocher.Epoch(ctx)
 		if err != nil {
-			r.storeFailed("epoch", err)
+			r.storeError("epoch", err)
 			return
 		}
 		if ep != r.currentEpoch() {
@@ -224,7 +224,7 @@ func (r *Router) checkStore(ctx context.Context) {
 	}
 	m, err := r.o.Reservations.InFlight(ctx, ids)
 	if err != nil {
-		r.storeFailed("inflight", err)
+		r.storeError("inflight", err)
 		return
 	}
 	if r.storeUp() && !r.inGrace() {
