@@ -25,7 +25,10 @@ type Metrics struct {
 	// Registry holds every collector below; the server serves it on /metrics.
 	Registry *prometheus.Registry
 
-	// Requests counts finished client requests by model, endpoint ("" when none was chosen) and status code.
+	// Requests counts finished client requests (generation APIs) by model (the served base model, or
+	// "unknown" for a model not served: never the client's string), endpoint ("" when none was chosen) and
+	// status code: the one the client got, the gateway's own 4xx included, or 499 when the client went away
+	// before the response ended.
 	Requests *prometheus.CounterVec
 	// Stage observes routing latency per stage.
 	Stage *prometheus.HistogramVec

@@ -79,6 +79,9 @@ func (s *Server) auth(c *fiber.Ctx) error {
 			okKey |= subtle.ConstantTimeCompare([]byte(got), []byte(k))
 		}
 		if got == "" || okKey != 1 {
+			if c.Method() == fiber.MethodPost && isGeneratePath(norm) {
+				s.count(UnknownModel, "", fiber.StatusUnauthorized) // the body is not read for a refused client
+			}
 			return sendError(c, openai.Unauthorized())
 		}
 	}

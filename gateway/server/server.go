@@ -23,6 +23,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/tidwall/gjson"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -36,6 +37,16 @@ import (
 const (
 	HeaderEndpoint = "x-kvgate-endpoint" // the endpoint ID that served the request
 	HeaderPolicy   = "x-kvgate-policy"   // the policy version that ranked it, name@sha256 (12 hex)
+)
+
+// Labels of kvgate_requests_total beyond the served models and real HTTP statuses.
+const (
+	// UnknownModel is the model label of a request for a model the gateway does not serve, or whose body
+	// names none (the label never takes a client's string, so its cardinality stays bounded).
+	UnknownModel = "unknown"
+	// StatusClientClosed is the status label of a request whose client went away before its response ended
+	// (nginx's 499 "client closed request"); the client never sees it.
+	StatusClientClosed = 499
 )
 
 // DisconnectPoll is how often a waiting request checks whether its client is still connected.
@@ -132,6 +143,9 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
 		if fe.Code == fiber.StatusRequestEntityTooLarge {
+			if norm, ok := NormalizePath(string(c.Request().URI().PathOriginal())); ok && isGeneratePath(norm) {
+				s.count(UnknownModel, "", fe.Code) // the body was never read: its model is unknown
+			}
 			return sendError(c, openai.TooLarge(s.o.Config.MaxBodyBytes))
 		}
 		typ := "invalid_request_error"
@@ -270,11 +284,12 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		body := bytes.Clone(c.Body()) // Fiber reuses its buffers; the stream writer outlives the handler
 		req, err := openai.ParseRequest(api, body)
 		if err != nil {
+			s.count(s.modelLabel(gjson.GetBytes(body, "model").Str), "", http.StatusBadRequest)
 			return err
 		}
 		sm, ok := s.o.Models[req.Model]
 		if !ok {
-			s.o.Metrics.Requests.WithLabelValues(req.Model, "", "404").Inc()
+			s.count(UnknownModel, "", http.StatusNotFound)
 			return openai.ModelNotFound(req.Model)
 		}
 		ctx, cancel := context.WithCancel(s.base)
@@ -301,6 +316,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if err != nil {
 				if ctx.Err() != nil {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
+					s.count(sm.Model.Name, "", StatusClientClosed)
 					return nil
 				}
 				return s.fail(c, req, "", err)
@@ -322,6 +338,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			s.o.Router.Release(claim)
 			if ctx.Err() != nil {
 				s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
+				s.count(sm.Model.Name, cand.ID, StatusClientClosed)
 				return nil
 			}
 			log.Warn("upstream failed before responding; trying the next ranked endpoint",
@@ -351,6 +368,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			}
 		}()
 		var closeOnce sync.Once
+		// finish ends the request once; a client that went away is counted as StatusClientClosed.
 		finish := func(status int, disconnected bool) {
 			closeOnce.Do(func() {
 				close(renewDone)
@@ -358,7 +376,10 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				cancel()
 				resp.Body.Close()
 				s.o.Router.Release(claim)
-				s.o.Metrics.Requests.WithLabelValues(sm.Model.Name, epID, strconv.Itoa(status)).Inc()
+				if disconnected {
+					status = StatusClientClosed
+				}
+				s.count(sm.Model.Name, epID, status)
 				if disconnected {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
 				}
@@ -441,6 +462,26 @@ func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) e
 	if !errors.As(err, &oe) {
 		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
 	}
-	s.o.Metrics.Requests.WithLabelValues(req.Model, ep, strconv.Itoa(oe.Status)).Inc()
+	s.count(s.modelLabel(req.Model), ep, oe.Status)
 	return sendError(c, oe)
+}
+
+// modelLabel returns the model label for a client-facing model name: the served base model's name (a LoRA
+// adapter counts under its base model), or UnknownModel.
+func (s *Server) modelLabel(name string) string {
+	if sm, ok := s.o.Models[name]; ok {
+		return sm.Model.Name
+	}
+	return UnknownModel
+}
+
+// count adds one finished client request to kvgate_requests_total.
+func (s *Server) count(model, endpoint string, status int) {
+	s.o.Metrics.Requests.WithLabelValues(model, endpoint, strconv.Itoa(status)).Inc()
+}
+
+// isGeneratePath says whether a normalized path is one of the generation APIs (the requests
+// kvgate_requests_total counts).
+func isGeneratePath(norm string) bool {
+	return norm == openai.Chat.Path() || norm == openai.Completions.Path()
 }
