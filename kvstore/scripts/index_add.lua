@@ -1,10 +1,47 @@
 -- Add. KEYS[1]: the endpoint's reverse SET; KEYS[2..]: block keys. ARGV[1]: endpoint; ARGV[2]: tier bit;
--- ARGV[3..]: block IDs (hex), one per block key.
+-- ARGV[3..]: block IDs (hex), one per block key. Specialized rather than built on update(): a block the
+-- endpoint does not hold yet (the common case when ingesting) gets the one precomputed record appended,
+-- and only blocks it held on no tier join the reverse SET (one it holds on a tier is already a member).
 local ep, bit = ARGV[1], tonumber(ARGV[2])
-update(KEYS, 2, ep, function(v)
-  v = live(v or 0)
-  if math.floor((v % 4) / bit) % 2 == 0 then return v + bit end
-  return v
-end)
-for c = 3, #ARGV, 1000 do redis.call('SADD', KEYS[1], unpack(ARGV, c, math.min(c + 999, #ARGV))) end
+local pre = ep .. '\t'
+local fresh = pre .. ARGV[2] .. '\n'
+local added = {}
+for c = 2, #KEYS, 1000 do
+  local last = math.min(c + 999, #KEYS)
+  local vals = redis.call('MGET', unpack(KEYS, c, last))
+  local mset = {}
+  for k = c, last do
+    local s = vals[k - c + 1]
+    local a, b, old = nil, nil, nil
+    if s then
+      local p = 1
+      while true do
+        local i = string.find(s, pre, p, true)
+        if not i then break end
+        if i == 1 or string.byte(s, i - 1) == 10 then
+          local j = string.find(s, '\n', i, true)
+          if j then a, b, old = i, j, tonumber(string.sub(s, i + #pre, j - 1)) end
+          break
+        end
+        p = i + 1
+      end
+    end
+    if not a then
+      mset[#mset + 1] = KEYS[k]
+      mset[#mset + 1] = s and (s .. fresh) or fresh
+      added[#added + 1] = ARGV[k + 1]
+    else
+      local v = live(old or 0)
+      local tiers = v % 4
+      if tiers == 0 then added[#added + 1] = ARGV[k + 1] end
+      if math.floor(tiers / bit) % 2 == 0 then v = v + bit end
+      if v ~= old then
+        mset[#mset + 1] = KEYS[k]
+        mset[#mset + 1] = string.sub(s, 1, a - 1) .. pre .. num(v) .. '\n' .. string.sub(s, b + 1)
+      end
+    end
+  end
+  if #mset > 0 then redis.call('MSET', unpack(mset)) end
+end
+for c = 1, #added, 1000 do redis.call('SADD', KEYS[1], unpack(added, c, math.min(c + 999, #added))) end
 return #KEYS - 1
