@@ -120,12 +120,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 	var arena *idArena
 	base := 0
 	if len(prompt) > minPrefix && m.prefixes.enabled() {
-		probes := 0
-		m.tok.AddedTokenEnds(prompt, func(p int) bool {
-			if p < minPrefix || probes == maxProbes {
-				return false
-			}
-			probes++
+		m.prefixes.probeEnds(prompt, m.tok.AddedTokenEnds, func(p int) bool {
 			var ok bool
 			if prefix, arena, ok = m.prefixes.lookup(prompt, p); ok {
 				base = p
@@ -148,7 +143,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		out = make([]uint32, 0, len(prompt)/2+16)
 	}
 	rest := prompt[base:]
-	lastStable, lastStableIDs := -1, 0
+	lastStable, lastStableIDs, lastStableTok := -1, 0, ""
 	m.tok.SplitAdded(rest, func(a, b int) {
 		s := rest[a:b]
 		if atStart := base+a == 0; atStart || len(s) < minCachedSegment {
@@ -164,10 +159,10 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		start := len(out)
 		out = m.tok.AppendEncodeText(out, s, false)
 		m.segs.put(strings.Clone(s), append([]uint32(nil), out[start:]...))
-	}, func(_, b int, id uint32, stable bool) {
+	}, func(a, b int, id uint32, stable bool) {
 		out = append(out, id)
 		if stable {
-			lastStable, lastStableIDs = base+b, len(out)
+			lastStable, lastStableIDs, lastStableTok = base+b, len(out), rest[a:b]
 		}
 	})
 	if arena == nil {
@@ -179,6 +174,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 			out = append(make([]uint32, 0, arenaCap(len(out))), out...)
 		}
 		arena = newArena(out)
+		m.prefixes.noteEnd(lastStableTok)
 		m.prefixes.put(prompt, lastStable, view(out, lastStableIDs), arena, len(prompt)+4*cap(out))
 		return view(out, len(out))
 	}
@@ -191,6 +187,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		arena, ids, capacity = newArena(buf), view(buf, n), cap(buf)
 	}
 	if lastStable > base {
+		m.prefixes.noteEnd(lastStableTok)
 		m.prefixes.put(prompt, lastStable, view(ids, len(prefix)+lastStableIDs), arena, len(prompt)+4*capacity)
 	}
 	if cap(out) <= maxScratchIDs {

@@ -3,7 +3,10 @@ package model
 import (
 	"container/list"
 	"hash/maphash"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // prefixCache remembers the IDs of prompt prefixes that end at a stable added-token boundary
@@ -16,6 +19,13 @@ import (
 type prefixCache struct {
 	seed   maphash.Seed
 	shards [prefixShards]prefixShard
+	// ends holds the texts of the added tokens cached prefixes end with (one or two per chat template,
+	// e.g. "<|im_start|>"), copy-on-write under endsMu; nil while nothing is cached. A lookup searches
+	// the prompt backwards for them instead of testing every byte for an added token's end. manyEnds is
+	// set once more than maxEndTokens were seen: lookups then walk every added-token end.
+	ends     atomic.Pointer[[]string]
+	endsMu   sync.Mutex
+	manyEnds atomic.Bool
 }
 
 const (
@@ -27,6 +37,8 @@ const (
 	// maxProbes bounds the token ends a lookup tries before giving up (a prompt the cache has never seen
 	// costs at most this many probes plus a backward byte scan).
 	maxProbes = 64
+	// maxEndTokens bounds prefixCache.ends.
+	maxEndTokens = 8
 )
 
 type prefixShard struct {
@@ -86,11 +98,10 @@ func (a *idArena) extend(prefix []uint32, more []uint32) (ids []uint32, capacity
 	}
 	need := len(a.ids) + len(more) - k
 	if need > cap(a.ids) {
-		// Grow by a quarter, so a growing conversation copies each ID about four times in all (a few
-		// hundred nanoseconds per turn) and the spare capacity stays small.
-		grown := make([]uint32, len(a.ids), arenaCap(need))
-		copy(grown, a.ids)
-		a.ids = grown
+		// Grow by about a quarter, so a growing conversation copies each ID about four times in all (a
+		// few hundred nanoseconds per turn) and the spare capacity stays small. slices.Grow does not
+		// zero the part it copies.
+		a.ids = slices.Grow(a.ids[:len(a.ids):len(a.ids)], arenaCap(need)-len(a.ids))
 	}
 	a.ids = append(a.ids, more[k:]...)
 	return view(a.ids, need), cap(a.ids), true
@@ -107,6 +118,65 @@ func newPrefixCache(limitBytes int) *prefixCache {
 
 // enabled reports whether the cache can hold anything.
 func (c *prefixCache) enabled() bool { return c.shards[0].limit > 0 }
+
+// noteEnd records tok, the text of the added token a cached prefix ends with, in c.ends.
+func (c *prefixCache) noteEnd(tok string) {
+	if l := c.ends.Load(); l != nil && slices.Contains(*l, tok) {
+		return
+	}
+	c.endsMu.Lock()
+	defer c.endsMu.Unlock()
+	var l []string
+	if old := c.ends.Load(); old != nil {
+		if slices.Contains(*old, tok) {
+			return
+		}
+		l = slices.Clone(*old)
+	}
+	if len(l) == maxEndTokens {
+		c.manyEnds.Store(true)
+		return
+	}
+	l = append(l, strings.Clone(tok))
+	c.ends.Store(&l)
+}
+
+// probeEnds calls probe with the positions in prompt where a cached prefix may end, from the end
+// backwards, until probe returns false, the position falls below minPrefix or maxProbes were tried.
+// Candidates are the ends of the texts in c.ends; once there are too many of those, every added-token end
+// (tokenizer.AddedTokenEnds, which addedEnds is) is tried. Either way a candidate is only a place to look
+// up: lookup compares the text.
+func (c *prefixCache) probeEnds(prompt string, addedEnds func(string, func(int) bool), probe func(p int) bool) {
+	probes := 0
+	if c.manyEnds.Load() {
+		addedEnds(prompt, func(p int) bool {
+			if p < minPrefix || probes == maxProbes {
+				return false
+			}
+			probes++
+			return probe(p)
+		})
+		return
+	}
+	l := c.ends.Load()
+	if l == nil {
+		return
+	}
+	ends := *l
+	for hi := len(prompt); probes < maxProbes; probes++ {
+		// The last end at or before hi of any of the texts.
+		p := -1
+		for _, tok := range ends {
+			if i := strings.LastIndex(prompt[:hi], tok); i >= 0 {
+				p = max(p, i+len(tok))
+			}
+		}
+		if p < minPrefix || !probe(p) {
+			return
+		}
+		hi = p - 1
+	}
+}
 
 // key returns the key of prompt[:n].
 func (c *prefixCache) key(prompt string, n int) uint64 {
