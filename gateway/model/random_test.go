@@ -223,3 +223,51 @@ func TestNextTurnSharesIDs(t *testing.T) {
 		t.Fatal("the original conversation's IDs changed or were copied")
 	}
 }
+
+// TestProbeEnds checks the candidate positions a lookup tries: the ends of the learned end tokens from the
+// prompt's end backwards (several tokens interleaved, none below minPrefix), and every added-token end
+// once more than maxEndTokens end tokens were learned; lookups stay exact in both modes.
+func TestProbeEnds(t *testing.T) {
+	tk := loadTok(t, modelDir(t, "qwen3"))
+	c := newPrefixCache(1 << 20)
+	c.noteEnd("<|im_start|>")
+	c.noteEnd("<|im_end|>")
+	c.noteEnd("<|im_start|>") // already known
+	if l := *c.ends.Load(); len(l) != 2 {
+		t.Fatalf("ends = %q", l)
+	}
+	prompt := strings.Repeat("x", 300) + "<|im_start|>a<|im_end|>b<|im_start|><|im_start|>c" + "<|im_end|>"
+	var got []int
+	c.probeEnds(prompt, tk.AddedTokenEnds, func(p int) bool { got = append(got, p); return true })
+	var want []int
+	for p := len(prompt); p >= minPrefix; p-- {
+		if strings.HasSuffix(prompt[:p], "<|im_start|>") || strings.HasSuffix(prompt[:p], "<|im_end|>") {
+			want = append(want, p)
+		}
+	}
+	if !slices.Equal(got, want) || len(want) != 5 {
+		t.Fatalf("probed %v, want %v", got, want)
+	}
+	for i := range maxEndTokens {
+		c.noteEnd(fmt.Sprintf("<tok%d>", i))
+	}
+	if !c.manyEnds.Load() {
+		t.Fatal("manyEnds not set")
+	}
+	got = got[:0]
+	c.probeEnds(prompt, tk.AddedTokenEnds, func(p int) bool { got = append(got, p); return true })
+	if !slices.Equal(got, want) { // the same ends: both are added tokens of Qwen3
+		t.Fatalf("fallback probed %v, want %v", got, want)
+	}
+	// A Model whose cache fell back still finds the previous turn.
+	md := New(tk, nil)
+	md.prefixes.manyEnds.Store(true)
+	bench := benchText(t)
+	msgs := []string{strings.ToValidUTF8(bench[:900], "")}
+	first := md.EncodePrompt(layouts["qwen3"]("sys", msgs))
+	msgs = append(msgs, "an answer", "a question")
+	p := layouts["qwen3"]("sys", msgs)
+	if ids := md.EncodePrompt(p); !slices.Equal(ids, tk.Encode(p, false)) || &ids[0] != &first[0] {
+		t.Fatal("fallback lookup missed the previous turn or differs from Encode")
+	}
+}
