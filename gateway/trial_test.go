@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
+	"github.com/kvgate/kvgate/kvstore"
 )
 
 // Regression tests for defects a new-user trial found (issue 6 / issue 3), on real simulated engines and a
@@ -208,5 +209,50 @@ func TestRequestMetricLabels(t *testing.T) {
 	}
 	if !slices.Equal(series, want) {
 		t.Fatalf("series:\n%s\nwant:\n%s", strings.Join(series, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// A request with n choices reserves prompt + n × max_tokens tokens on its endpoint (n was ignored: a request
+// with n=3 reserved one choice's output). The engine here is a real HTTP server that holds each request until
+// the test lets it answer, so the reservation can be read from the store while the request runs.
+func TestReservationCountsN(t *testing.T) {
+	release := make(chan struct{})
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, b []byte) {
+		<-release
+		okCompletion(w, r, b)
+	})
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: f0, engine: vllm, url: %q, max_inflight_tokens: 1000000}\n", eng.srv.URL), ""))
+	held := func(body string) int64 {
+		t.Helper()
+		done := make(chan int, 1)
+		go func() {
+			st, _, _ := post(t, "http://"+g.Addr()+"/v1/chat/completions", body)
+			done <- st
+		}()
+		var tokens int64
+		if !waitFor(3*time.Second, func() bool {
+			m, err := g.Reservations().InFlight(context.Background(), []kvstore.EndpointID{"f0"})
+			tokens = m["f0"].Tokens
+			return err == nil && m["f0"].Requests == 1
+		}) {
+			t.Fatal("request never reserved")
+		}
+		release <- struct{}{}
+		if st := <-done; st != 200 {
+			t.Fatalf("status %d", st)
+		}
+		return tokens
+	}
+	msgs := `"messages":[{"role":"user","content":"count the reservation of this prompt"}]`
+	one := held(`{"model":"qwen3","max_tokens":300,` + msgs + `}`)
+	three := held(`{"model":"qwen3","max_tokens":300,"n":3,` + msgs + `}`)
+	if three-one != 600 || one <= 300 {
+		t.Fatalf("reserved tokens: n=1 %d, n=3 %d (want a difference of 2 × 300)", one, three)
+	}
+	// Without max_tokens the configured default output estimate counts once per choice too.
+	def := held(`{"model":"qwen3",` + msgs + `}`)
+	defN := held(`{"model":"qwen3","n":2.0,` + msgs + `}`)
+	if defN-def != def-(one-300) {
+		t.Fatalf("default output: n=1 %d, n=2 %d (prompt %d)", def, defN, one-300)
 	}
 }

@@ -120,8 +120,10 @@ type Request struct {
 	API    API    // Chat or Completions
 	Model  string // the "model" member as sent (a model or LoRA adapter name)
 	Stream bool   // "stream": true
-	// MaxTokens is max_completion_tokens, else max_tokens, else -1 (unset).
+	// MaxTokens is max_completion_tokens, else max_tokens, else -1 (unset); at most MaxTokensCap.
 	MaxTokens int64
+	// N is "n", the number of choices to generate for the prompt (1 when absent or null); at most MaxNCap.
+	N int64
 	// CacheSalt is vLLM's cache_salt ("" when absent); it is folded into block keys.
 	CacheSalt string
 	// PromptText is a completions prompt given as one string (or the first of a list of strings).
@@ -142,6 +144,10 @@ type Request struct {
 // overflow int64. The body is forwarded as sent; the engine answers a request over its context length with
 // its own 400.
 const MaxTokensCap = 1 << 32
+
+// MaxNCap bounds Request.N the way MaxTokensCap bounds MaxTokens (OpenAI allows n up to 128); the body is
+// forwarded as sent.
+const MaxNCap = 1 << 16
 
 // tokenCount reads a token-count member as OpenAI and vLLM accept it: a JSON number with no fractional part
 // (7, 7.0, 7e2), not negative; values over MaxTokensCap (even beyond int64 or float64 range) read as
@@ -183,9 +189,9 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 	if !root.IsObject() {
 		return nil, BadRequest("", "Request body must be a JSON object.")
 	}
-	r := &Request{API: api, MaxTokens: -1}
+	r := &Request{API: api, MaxTokens: -1, N: 1}
 	// One pass over the top-level members (a large body is scanned once, not once per field).
-	var model, stream, maxTokens, maxCompletion, salt, msgs, prompt gjson.Result
+	var model, stream, maxTokens, maxCompletion, n, salt, msgs, prompt gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "model":
@@ -196,6 +202,8 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 			maxTokens = v
 		case "max_completion_tokens":
 			maxCompletion = v
+		case "n":
+			n = v
 		case "cache_salt":
 			salt = v
 		case "messages":
@@ -229,6 +237,13 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 			return nil, BadRequest(f.k, "`%s` must be a non-negative integer.", f.k)
 		}
 		r.MaxTokens = n
+	}
+	if n.Exists() && n.Type != gjson.Null {
+		v, ok := tokenCount(n)
+		if !ok || v < 1 {
+			return nil, BadRequest("n", "`n` must be a positive integer.")
+		}
+		r.N = min(v, MaxNCap)
 	}
 	if salt.Exists() && salt.Type != gjson.Null {
 		if salt.Type != gjson.String {

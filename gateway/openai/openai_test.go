@@ -107,8 +107,8 @@ func FuzzParseRequest(f *testing.F) {
 		if r.Model == "" {
 			t.Fatal("accepted without model")
 		}
-		if r.MaxTokens < -1 || r.MaxTokens > MaxTokensCap {
-			t.Fatalf("max tokens %d outside [-1, MaxTokensCap]", r.MaxTokens)
+		if r.MaxTokens < -1 || r.MaxTokens > MaxTokensCap || r.N < 1 || r.N > MaxNCap {
+			t.Fatalf("max tokens %d outside [-1, MaxTokensCap] or n %d outside [1, MaxNCap]", r.MaxTokens, r.N)
 		}
 		if a == Chat {
 			if !json.Valid(SpliceChatTokenIDs(body, []uint32{1, 2})) {
@@ -139,6 +139,26 @@ func TestMaxTokensValues(t *testing.T) {
 		_, err := ParseRequest(Completions, []byte(`{"model":"m","prompt":"x","max_tokens":`+raw+`}`))
 		if oe, ok := errors.AsType[*Error](err); !ok || oe.Status != 400 || oe.Param != "max_tokens" {
 			t.Errorf("max_tokens=%s: %v", raw, err)
+		}
+	}
+}
+
+// n: a positive integer (integral floats accepted), 1 when absent; huge values read as MaxNCap.
+func TestNValues(t *testing.T) {
+	for raw, want := range map[string]int64{`absent`: 1, `null`: 1, `1`: 1, `3`: 3, `2.0`: 2, `1e9`: MaxNCap} {
+		body := `{"model":"m","prompt":"x","n":` + raw + `}`
+		if raw == "absent" {
+			body = `{"model":"m","prompt":"x"}`
+		}
+		r, err := ParseRequest(Completions, []byte(body))
+		if err != nil || r.N != want {
+			t.Errorf("n=%s: %v %v, want %d", raw, r, err, want)
+		}
+	}
+	for _, raw := range []string{`0`, `-1`, `1.5`, `"2"`} {
+		_, err := ParseRequest(Chat, []byte(`{"model":"m","messages":[{}],"n":`+raw+`}`))
+		if oe, ok := errors.AsType[*Error](err); !ok || oe.Status != 400 || oe.Param != "n" {
+			t.Errorf("n=%s: %v", raw, err)
 		}
 	}
 }

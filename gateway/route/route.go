@@ -437,13 +437,14 @@ func (c *Claim) Lease() kvstore.Lease {
 	return c.lease
 }
 
-// Cost returns what the plan's request reserves: 1 request and prompt + expected output tokens.
+// Cost returns what the plan's request reserves: 1 request, and prompt + n × expected output tokens (the n
+// choices share the prompt's KV blocks; each generates its own output). Saturating: never negative.
 func (r *Router) Cost(p *Plan) kvstore.Cost {
 	out := p.Request.MaxTokens
 	if out < 0 {
 		out = r.o.DefaultOutputTokens
 	}
-	return kvstore.Cost{Requests: 1, Tokens: satAdd(int64(len(p.IDs)), out)}
+	return kvstore.Cost{Requests: 1, Tokens: satAdd(int64(len(p.IDs)), satMul(max(p.Request.N, 1), out))}
 }
 
 // Reserve leases the first ranked candidate with capacity, skipping candidates in exclude (indices of
