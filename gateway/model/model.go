@@ -5,15 +5,19 @@
 //
 // Multi-turn conversations re-send every earlier message on each turn. The tokenizer encodes the text
 // between added tokens (the template's message delimiters such as <|im_start|> and <|im_end|>)
-// independently, so EncodeChat caches at those boundaries, exactly:
+// independently, so EncodePrompt caches at those boundaries, exactly:
 //   - a prefix cache keeps the IDs of each prompt up to its last stable delimiter (keyed by length and a
-//     hash of its end, confirmed by comparing the text); the next turn finds it by probing its own
-//     delimiters from the end backwards, copies the IDs and only encodes what follows;
+//     hash of its end, confirmed by comparing the text); the next turn finds it by searching its own
+//     delimiters from the end backwards and only encodes what follows;
+//   - the IDs of one conversation live in one append-only array (an arena) shared by its cached prefixes
+//     and by the slices EncodePrompt returns: the next turn appends its new IDs in place, so it copies
+//     nothing of the earlier turns. Results are therefore read-only (see EncodePrompt);
 //   - a segment cache keeps the IDs of each long run of text between delimiters, for prompts whose prefix
 //     changed (an edited system prompt, a branch).
 //
-// Both are bounded, sharded LRUs. A turn costs a comparison and copy proportional to the prompt (memory
-// speed) plus the encoding of its new text (BenchmarkMultiTurn).
+// Both caches are bounded, sharded LRUs. A turn costs the encoding of its new text plus a comparison of
+// the prompt with the cached prefix (memory speed, ~3 µs for 150 KB) and a few lookups
+// (BenchmarkMultiTurn); a branch (an edited or regenerated message) also copies the shared prefix's IDs.
 //
 // A Model is safe for concurrent use.
 package model
@@ -92,7 +96,8 @@ func (m *Model) Tokenizer() *tokenizer.Tokenizer { return m.tok }
 // EncodeChat renders an OpenAI chat request body (messages, tools, add_generation_prompt,
 // chat_template_kwargs, ...) with the chat template and encodes the prompt without adding special tokens
 // (the template writes them, and vLLM encodes chat prompts with add_special_tokens=false). Errors are the
-// renderer's (*chattemplate.RenderError, *chattemplate.RequestError) or ErrNoChatTemplate.
+// renderer's (*chattemplate.RenderError, *chattemplate.RequestError) or ErrNoChatTemplate. The IDs are
+// read-only, as EncodePrompt's.
 func (m *Model) EncodeChat(body []byte) (prompt string, ids []uint32, err error) {
 	if m.tmpl == nil {
 		return "", nil, ErrNoChatTemplate
@@ -113,8 +118,9 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 // segment caches. It returns exactly m.Tokenizer().Encode(prompt, false).
 //
 // The result is read-only: it may share memory with the prefix cache and with the results of other calls
-// (the same conversation's earlier and later turns), so the caller must not write its elements. Its
-// capacity equals its length, so appending to it copies it and is safe.
+// (the same conversation's earlier and later turns), so the caller must not write its elements (writing
+// would corrupt later results of that conversation); slices.Clone it to own a copy. Its capacity equals
+// its length, so appending to it copies it and is safe.
 func (m *Model) EncodePrompt(prompt string) []uint32 {
 	var prefix []uint32 // a cached prefix's IDs, in arena
 	var arena *idArena
