@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -179,6 +180,13 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
 		Metrics: g.metrics, Log: log})
+	if c, ok := st.Redis.(*redis.Client); ok {
+		// A standalone Redis that restarted empty is refused on every new connection until the router has
+		// recovered onto it (gateway/RATIONALE.md); a cluster relies on the router's periodic epoch check.
+		rt := g.router
+		c.AddHook(epochGuard{password: o.Secrets.StorePassword, db: cfg.Store.DB, timeout: 2 * time.Second,
+			expect: rt.StoreEpoch})
+	}
 
 	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
 		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails})

@@ -231,3 +231,11 @@ func (r *Router) checkStore(ctx context.Context) {
 		r.led.observe(ids, m)
 	}
 }
+
+// StoreEpoch returns the store epoch this router's store leases belong to, and whether new connections to the
+// store must show it: true while the store is up and out of its recovery, false while it is down or recovering
+// (the recovery itself reads the new epoch) or when no Epocher is configured.
+func (r *Router) StoreEpoch() (string, bool) {
+	ep := r.currentEpoch()
+	return ep, r.o.Epocher != nil && ep != "" && r.storeUp()
+}
