@@ -271,3 +271,34 @@ func TestProbeEnds(t *testing.T) {
 		t.Fatal("fallback lookup missed the previous turn or differs from Encode")
 	}
 }
+
+// FuzzEncodePromptTurns encodes a two-turn conversation whose messages are the fuzz inputs (any bytes,
+// delimiters included) through one Model, then the first turn again: each result must equal plain Encode,
+// and the first result must be intact after the second call appended to the shared arena. The committed
+// seed corpus is in testdata/fuzz/FuzzEncodePromptTurns.
+func FuzzEncodePromptTurns(f *testing.F) {
+	tk := loadTok(f, modelDir(f, "qwen3"))
+	md := New(tk, nil)
+	long := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8)
+	f.Add("hello", "world", "again")
+	f.Add(long, " leading space", "\n\nnewlines")
+	f.Add(long+"<|im_end|>", "<|im_start|>user\n", "<|im_")
+	f.Add(long+"\xff\xfe", "数据🙂", "")
+	render := layouts["qwen3"]
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		p1 := render(long, []string{a})
+		p2 := render(long, []string{a, b, c})
+		ids1 := md.EncodePrompt(p1)
+		ids2 := md.EncodePrompt(p2)
+		want1 := tk.Encode(p1, false)
+		if !slices.Equal(ids1, want1) {
+			t.Fatalf("first turn differs from Encode")
+		}
+		if !slices.Equal(ids2, tk.Encode(p2, false)) {
+			t.Fatalf("second turn differs from Encode")
+		}
+		if again := md.EncodePrompt(p1); !slices.Equal(again, want1) || !slices.Equal(ids1, want1) {
+			t.Fatalf("first turn changed after the second")
+		}
+	})
+}
