@@ -122,6 +122,11 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		if err := g.activateConfigPolicy(ctx, m); err != nil {
 			return nil, err
 		}
+		// The configured policy (with its config) is where rollbacks stop: rolling back from it would
+		// otherwise return the model to the built-in default with no config.
+		if err := g.host.SetRollbackFloor(m.Name); err != nil {
+			return nil, fmt.Errorf("gateway: model %s: policy: %w", m.Name, err)
+		}
 	}
 	ps.reconcile(ctx)
 	g.wg.Go(func() { ps.run(runCtx) })

@@ -256,3 +256,61 @@ func TestReservationCountsN(t *testing.T) {
 		t.Fatalf("default output: n=1 %d, n=2 %d (prompt %d)", def, defN, one-300)
 	}
 }
+
+// adminDo sends an admin API request with the test token and returns the status and body.
+func adminDo(t *testing.T, g *Gateway, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+g.Addr()+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer admintok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// A rollback right after start-up once dropped the YAML policy config (the model went back to the built-in
+// default with config null). The configured policy is now the rollback floor: rolling back from it is a 409,
+// and an admin activation rolls back to it with its config.
+func TestRollbackKeepsConfiguredPolicy(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "")+"    policy: {name: three-tier, config: {imbalance_threshold: 4}}\n")
+	activeConfig := func() string {
+		t.Helper()
+		st, b := adminDo(t, g, "GET", "/admin/v1/policies", "")
+		var out struct {
+			Active map[string]struct {
+				Config json.RawMessage `json:"config"`
+			} `json:"active"`
+		}
+		if st != 200 || json.Unmarshal(b, &out) != nil {
+			t.Fatalf("list: %d %s", st, b)
+		}
+		return string(out.Active["qwen3"].Config)
+	}
+	const yamlCfg = `{"imbalance_threshold":4}`
+	if got := activeConfig(); got != yamlCfg {
+		t.Fatalf("start-up config %s", got)
+	}
+	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 409 || !strings.Contains(string(b), "no_previous") {
+		t.Fatalf("rollback at start-up: %d %s", st, b)
+	}
+	if got := activeConfig(); got != yamlCfg {
+		t.Fatalf("config after refused rollback %s", got)
+	}
+	v, _ := g.Host().Active("qwen3")
+	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/activate", `{"model":"qwen3","version":"`+string(v)+`","config":{"imbalance_threshold":2}}`); st != 200 {
+		t.Fatalf("activate: %d %s", st, b)
+	}
+	if got := activeConfig(); got != `{"imbalance_threshold":2}` {
+		t.Fatalf("config after activate %s", got)
+	}
+	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 200 {
+		t.Fatalf("rollback: %d %s", st, b)
+	}
+	if got := activeConfig(); got != yamlCfg {
+		t.Fatalf("config after rollback %s", got)
+	}
+}

@@ -192,6 +192,7 @@ type modelState struct {
 	active atomic.Pointer[activation] // nil: the built-in default serves
 	prev   *activation                // kept warm for Rollback and timeout deactivation; guarded by Host.mu
 	older  []savedActivation          // earlier (version, config) pairs, rebuilt on demand; guarded by Host.mu
+	floor  bool                       // Rollback never returns to the built-in default (SetRollbackFloor); guarded by Host.mu
 }
 
 type savedActivation struct {
@@ -369,16 +370,36 @@ func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 }
 
 // Rollback makes model's previous activation active again (the current one is closed once drained).
-// With no previous activation the model goes back to the built-in default; with none active at all it
-// returns ErrNoPrevious.
+// With no previous activation the model goes back to the built-in default, unless SetRollbackFloor was
+// called for it; with none active at all, or at the floor, it returns ErrNoPrevious.
 func (h *Host) Rollback(model string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := (*h.models.Load())[model]
-	if st == nil || st.active.Load() == nil {
+	if st == nil || st.active.Load() == nil || (st.floor && st.prev == nil) {
 		return fmt.Errorf("plugins: rollback %s: %w", model, ErrNoPrevious)
 	}
 	h.rollbackLocked(model, st, st.active.Load())
+	return nil
+}
+
+// SetRollbackFloor makes model's current activation the oldest one Rollback returns to: from then on,
+// Rollback with no previous activation returns ErrNoPrevious instead of returning the model to the built-in
+// default with no config. The gateway calls it after activating each model's configured policy, so an
+// operator's rollback never silently drops the configuration's policy config. A version disabled after
+// missed deadlines still falls back to the built-in default (safety before history). Errors: ErrClosed,
+// ErrNoPrevious when model has no activation.
+func (h *Host) SetRollbackFloor(model string) error {
+	if h.closed.Load() {
+		return ErrClosed
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := (*h.models.Load())[model]
+	if st == nil || st.active.Load() == nil {
+		return fmt.Errorf("plugins: rollback floor %s: %w", model, ErrNoPrevious)
+	}
+	st.floor = true
 	return nil
 }
 

@@ -579,3 +579,54 @@ func TestUninterruptibleStartAbandoned(t *testing.T) {
 	}
 	waitAbandoned(t, h)
 }
+
+// With a rollback floor (the gateway's configured policy), Rollback stops at the floor activation instead of
+// returning the model to the built-in default with no config; later activations still roll back to it.
+func TestRollbackFloor(t *testing.T) {
+	h := newTestHost(t, Options{})
+	good, _, err := h.Load("good", readWasm(t, "good"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetRollbackFloor("m"); !errors.Is(err, ErrNoPrevious) {
+		t.Fatalf("floor with nothing active: %v", err)
+	}
+	base := []byte(`{"imbalance_threshold":4}`)
+	if err := h.Activate("m", h.BuiltinVersion(), base); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetRollbackFloor("m"); err != nil {
+		t.Fatal(err)
+	}
+	active := func(wantV Version, wantCfg []byte) {
+		t.Helper()
+		if v, cfg := h.Active("m"); v != wantV || string(cfg) != string(wantCfg) {
+			t.Fatalf("active %s %s, want %s %s", v, cfg, wantV, wantCfg)
+		}
+	}
+	if err := h.Rollback("m"); !errors.Is(err, ErrNoPrevious) {
+		t.Fatalf("rollback at the floor: %v", err)
+	}
+	active(h.BuiltinVersion(), base)
+	if err := h.Activate("m", good, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Rollback("m"); err != nil {
+		t.Fatal(err)
+	}
+	active(h.BuiltinVersion(), base)
+	if err := h.Rollback("m"); !errors.Is(err, ErrNoPrevious) {
+		t.Fatalf("second rollback: %v", err)
+	}
+	active(h.BuiltinVersion(), base)
+	// Another model keeps the old behaviour (no floor): back to the built-in default.
+	if err := h.Activate("other", good, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Rollback("other"); err != nil {
+		t.Fatal(err)
+	}
+	if v, cfg := h.Active("other"); v != h.BuiltinVersion() || cfg != nil {
+		t.Fatalf("other after rollback: %s %s", v, cfg)
+	}
+}
