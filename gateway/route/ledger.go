@@ -14,16 +14,20 @@ import (
 // ledger of in-flight requests?".
 //
 // Besides its own counts it remembers, per endpoint, what the rest of the fleet held at the last read of the
-// shared counters (others = fleet in-flight − own), and, once the store goes down, a frozen base (own and
-// others at that moment) from which the store-down cap is computed.
+// shared counters (others = fleet in-flight − own, and own at that read), and, once the store goes down, a
+// frozen base (both, as of that last read) from which the store-down cap is computed.
 type ledger struct {
 	share float64
 
 	mu     sync.Mutex
 	own    map[kvstore.EndpointID]kvstore.Cost
 	claims map[*Claim]struct{}
-	others map[kvstore.EndpointID]kvstore.Cost
-	base   map[kvstore.EndpointID]downBase // nil while the store is up
+	// seen is, per endpoint, own and others at the last read of the shared counters: one consistent
+	// picture of the fleet. The store-down base is taken from it, not from own at the moment the failure is
+	// noticed (by then a gateway's requests may have finished while new ones wait on the failing store, and
+	// a base of own≈0 against the others' earlier counts would leave no capacity at all).
+	seen map[kvstore.EndpointID]downBase
+	base map[kvstore.EndpointID]downBase // nil while the store is up
 }
 
 // downBase is one endpoint's state when the store went down.
@@ -31,7 +35,7 @@ type downBase struct{ own, others kvstore.Cost }
 
 func newLedger(share float64) *ledger {
 	return &ledger{share: share, own: map[kvstore.EndpointID]kvstore.Cost{}, claims: map[*Claim]struct{}{},
-		others: map[kvstore.EndpointID]kvstore.Cost{}}
+		seen: map[kvstore.EndpointID]downBase{}}
 }
 
 func addCost(a, b kvstore.Cost) kvstore.Cost {
@@ -101,8 +105,9 @@ func (l *ledger) observe(eps []kvstore.EndpointID, fleet map[kvstore.EndpointID]
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range eps {
-		o := subCost(fleet[e], l.own[e])
-		l.others[e] = kvstore.Cost{Requests: max(o.Requests, 0), Tokens: max(o.Tokens, 0)}
+		own := l.own[e]
+		o := subCost(fleet[e], own)
+		l.seen[e] = downBase{own: own, others: kvstore.Cost{Requests: max(o.Requests, 0), Tokens: max(o.Tokens, 0)}}
 	}
 }
 
@@ -115,9 +120,9 @@ func (l *ledger) freeze(keep bool) {
 	if keep && l.base != nil {
 		return
 	}
-	l.base = make(map[kvstore.EndpointID]downBase, len(l.others)+len(l.own))
-	for e, o := range l.others {
-		l.base[e] = downBase{own: l.own[e], others: o}
+	l.base = make(map[kvstore.EndpointID]downBase, len(l.seen)+len(l.own))
+	for e, b := range l.seen {
+		l.base[e] = b
 	}
 	for e, u := range l.own {
 		if _, ok := l.base[e]; !ok {
@@ -146,7 +151,7 @@ func (l *ledger) capsLocked(ep kvstore.EndpointID, lim kvstore.Limits) (reqCap, 
 	}
 	b, ok := l.base[ep]
 	if !ok {
-		b = downBase{own: l.own[ep], others: l.others[ep]}
+		b = downBase{own: l.own[ep]}
 		l.base[ep] = b
 	}
 	return capOf(lim.MaxRequests, l.share, b.own.Requests, b.others.Requests),

@@ -258,6 +258,13 @@ func TestRedisRestartKeepsInFlightLimit(t *testing.T) {
 	// Outage: every gateway notices, then asks for more. Before the fix, each admitted 2 more (its local
 	// share), ignoring the requests it already ran on store leases: 12 at once.
 	rs.Stop()
+	// g1's two requests end as the store dies: the failed release is how g1 notices. Its cap comes from what
+	// it held at its last read of the counters (2 of 6), not from its holdings when it noticed (0): it may
+	// run 2 again.
+	f.finish(1, 2)
+	if n := f.fill(1); n != 2 {
+		t.Fatalf("g1 admitted %d after its own 2 ended with the store down, want 2", n)
+	}
 	for g := range f.routers {
 		f.take(g) // a failed store call switches the router to store-down routing
 	}
