@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
@@ -153,11 +157,13 @@ func BenchmarkIngestDiscard(b *testing.B) {
 }
 
 // BenchmarkIngestRedis measures one endpoint's ingestion into the Redis index on a real redis-server
-// (one Lua round trip per Add/Remove, i.e. per event per tier). The index starts empty: pre-filling 1 M
-// keys through Lua would dominate the run time.
+// (one pipelined Batcher.Apply per batch). The index starts empty: pre-filling 1 M keys through Lua would
+// dominate the run time. Besides blocks/s it reports the Redis server's CPU time per block (INFO cpu), which
+// depends less on how loaded the shared machine is.
 func BenchmarkIngestRedis(b *testing.B) {
 	srv := redistest.Start(b)
-	idx, err := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{})
+	c := srv.Client(b)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -168,15 +174,39 @@ func BenchmarkIngestRedis(b *testing.B) {
 	}
 	ctx := context.Background()
 	seq := uint64(0)
+	cpu0 := redisCPU(b, c)
 	for b.Loop() {
 		w := seq % uint64(len(ps))
 		ing.handle(ctx, w, ps[w])
 		seq++
 	}
 	b.ReportMetric(float64(stored/len(ps))*float64(seq)/b.Elapsed().Seconds(), "blocks/s")
+	b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(stored/len(ps)*int(seq)), "redis-cpu-µs/block")
 	if s := ing.Stats(); s.DecodeErrors+s.Orphans+s.IndexErrors+s.Gaps+s.UnknownRemoved != 0 {
 		b.Fatalf("stats %+v", s)
 	}
+}
+
+// redisCPU returns the server's used CPU seconds (user + system) from INFO cpu.
+func redisCPU(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	total := 0.0
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += x
+			}
+		}
+	}
+	return total
 }
 
 // BenchmarkIngestMemoryParallel runs one Ingester per goroutine (GOMAXPROCS endpoints ingesting at once into
