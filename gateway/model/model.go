@@ -24,6 +24,7 @@ package model
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -122,18 +123,26 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 // would corrupt later results of that conversation); slices.Clone it to own a copy. Its capacity equals
 // its length, so appending to it copies it and is safe.
 func (m *Model) EncodePrompt(prompt string) []uint32 {
-	var prefix []uint32 // a cached prefix's IDs, in arena
+	var prefix, delta []uint32 // a cached prefix's IDs: in arena, or (a branch) prefix then delta
 	var arena *idArena
 	base := 0
 	if len(prompt) > minPrefix && m.prefixes.enabled() {
 		m.prefixes.probeEnds(prompt, m.tok.AddedTokenEnds, func(p int) bool {
 			var ok bool
-			if prefix, arena, ok = m.prefixes.lookup(prompt, p); ok {
+			if prefix, delta, arena, ok = m.prefixes.lookup(prompt, p); ok {
 				base = p
 				return false
 			}
 			return true
 		})
+	}
+	if base > 0 && arena == nil {
+		// A branch's entry: its IDs become an arena now that it has a next turn (the one copy a branch
+		// costs, made once per continuation).
+		n := len(prefix) + len(delta)
+		buf := make([]uint32, n, arenaCap(n))
+		copy(buf[copy(buf, prefix):], delta)
+		arena, prefix = newArena(buf), view(buf, n)
 	}
 	if !utf8.ValidString(prompt[base:]) {
 		// A cached prefix is valid UTF-8 and ends after a token, so only the rest needs repairing.
@@ -141,7 +150,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 	}
 	var out []uint32 // the IDs of prompt[base:]
 	var scratch *[]uint32
-	if arena != nil {
+	if base > 0 {
 		scratch = scratchIDs.Get().(*[]uint32)
 		out = (*scratch)[:0]
 	} else {
@@ -171,7 +180,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 			lastStable, lastStableIDs, lastStableTok = base+b, len(out), rest[a:b]
 		}
 	})
-	if arena == nil {
+	if base == 0 {
 		if lastStable < minPrefix || !m.prefixes.enabled() {
 			return view(out, len(out)) // nothing shares it, but the contract is the same
 		}
@@ -185,16 +194,24 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		return view(out, len(out))
 	}
 	ids, capacity, ok := arena.extend(prefix, out)
-	if !ok {
-		// A branch: the cached prefix's array continues with another conversation's IDs.
+	switch {
+	case ok:
+		if lastStable > base {
+			m.prefixes.noteEnd(lastStableTok)
+			m.prefixes.put(prompt, lastStable, view(ids, len(prefix)+lastStableIDs), arena, len(prompt)+4*capacity)
+		}
+	default:
+		// A branch (an edited or regenerated message): the cached prefix's array continues with other
+		// IDs. The result is a fresh copy, and the cache keeps only the prefix's view and the IDs after
+		// it (a regenerated answer repeated many times must not keep a copy of the prefix each).
 		n := len(prefix) + len(out)
-		buf := make([]uint32, n, arenaCap(n))
-		copy(buf[copy(buf, prefix):], out)
-		arena, ids, capacity = newArena(buf), view(buf, n), cap(buf)
-	}
-	if lastStable > base {
-		m.prefixes.noteEnd(lastStableTok)
-		m.prefixes.put(prompt, lastStable, view(ids, len(prefix)+lastStableIDs), arena, len(prompt)+4*capacity)
+		ids = make([]uint32, n)
+		copy(ids[copy(ids, prefix):], out)
+		ids = view(ids, n)
+		if lastStable > base {
+			m.prefixes.noteEnd(lastStableTok)
+			m.prefixes.putBranch(prompt, lastStable, prefix, slices.Clone(out[:lastStableIDs]), len(prompt)+4*n)
+		}
 	}
 	if cap(out) <= maxScratchIDs {
 		*scratch = out[:0]

@@ -52,8 +52,9 @@ type prefixShard struct {
 type prefixEntry struct {
 	key   uint64
 	text  string   // the prefix (a substring of the prompt it came from); "" once evicted
-	ids   []uint32 // the prefix's IDs: arena memory, len == cap, never written
-	arena *idArena // where ids live and where the conversation's next turn appends
+	ids   []uint32 // the prefix's IDs (a view of arena), or for a branch the IDs of the prefix it branched from
+	delta []uint32 // nil, or for a branch the IDs after ids
+	arena *idArena // where ids live and where the conversation's next turn appends; nil for a branch
 	size  int
 	el    *list.Element
 }
@@ -183,8 +184,9 @@ func (c *prefixCache) key(prompt string, n int) uint64 {
 	return maphash.String(c.seed, prompt[n-min(n, keyBytes):n]) ^ uint64(n)*0x9E3779B97F4A7C15
 }
 
-// lookup returns the IDs and arena of the cached prefix prompt[:n]; ok is false when it is not cached.
-func (c *prefixCache) lookup(prompt string, n int) (ids []uint32, arena *idArena, ok bool) {
+// lookup returns the cached prefix prompt[:n]: its IDs in arena, or for a branch (nil arena) its IDs as
+// ids then delta; ok is false when it is not cached.
+func (c *prefixCache) lookup(prompt string, n int) (ids, delta []uint32, arena *idArena, ok bool) {
 	k := c.key(prompt, n)
 	sh := &c.shards[k%prefixShards]
 	sh.mu.Lock()
@@ -192,17 +194,27 @@ func (c *prefixCache) lookup(prompt string, n int) (ids []uint32, arena *idArena
 	for _, e := range sh.byKey[k] {
 		if sameText(prompt[:n], e.text) {
 			sh.order.MoveToFront(e.el)
-			return e.ids, e.arena, true
+			return e.ids, e.delta, e.arena, true
 		}
 	}
-	return nil, nil, false
+	return nil, nil, nil, false
 }
 
 // put stores prompt[:n], whose IDs are ids (a view of arena), keeping retained bytes alive (the prompt
 // text and the array ids is a view of).
 func (c *prefixCache) put(prompt string, n int, ids []uint32, arena *idArena, retained int) {
-	k := c.key(prompt, n)
-	e := &prefixEntry{key: k, text: prompt[:n], ids: ids, arena: arena}
+	c.insert(&prefixEntry{text: prompt[:n], ids: ids, arena: arena}, retained)
+}
+
+// putBranch stores prompt[:n], whose IDs are base (a cached prefix's view, shared) then delta, keeping
+// retained bytes alive.
+func (c *prefixCache) putBranch(prompt string, n int, base, delta []uint32, retained int) {
+	c.insert(&prefixEntry{text: prompt[:n], ids: base, delta: delta}, retained)
+}
+
+func (c *prefixCache) insert(e *prefixEntry, retained int) {
+	k := c.key(e.text, len(e.text))
+	e.key = k
 	// A conversation's entries share one array, but each counts it whole: conservative, and it covers
 	// the older arrays a growth leaves behind for the older entries.
 	e.size = retained + 128
@@ -241,7 +253,7 @@ func (sh *prefixShard) remove(e *prefixEntry) {
 	}
 	sh.order.Remove(e.el)
 	sh.bytes -= e.size
-	e.text, e.ids, e.arena = "", nil, nil // entries are only read under the lock; lookups returned copies
+	e.text, e.ids, e.delta, e.arena = "", nil, nil, nil // entries are only read under the lock; lookups returned copies
 }
 
 // sameText is a == b comparing the last 256 bytes first: prefixes of one conversation's branches share all
