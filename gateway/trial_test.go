@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/plugins"
 )
 
 // Regression tests for defects a new-user trial found (issue 6 / issue 3), on real simulated engines and a
@@ -312,5 +313,66 @@ func TestRollbackKeepsConfiguredPolicy(t *testing.T) {
 	}
 	if got := activeConfig(); got != yamlCfg {
 		t.Fatalf("config after rollback %s", got)
+	}
+}
+
+// The admin API's JSON uses snake_case names and durations in seconds (it once showed Go field names and
+// nanosecond integers: "CompileTime": 312000000).
+func TestAdminJSONShape(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
+	keys := func(m map[string]any) []string {
+		var out []string
+		for k := range m {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	st, b := adminDo(t, g, "PUT", "/admin/v1/policies/mine", string(plugins.BuiltinWasm))
+	var up map[string]any
+	if st != 201 || json.Unmarshal(b, &up) != nil {
+		t.Fatalf("upload: %d %s", st, b)
+	}
+	rep, _ := up["report"].(map[string]any)
+	if got := keys(rep); !slices.Equal(got, []string{"abi_minor", "buffer_bytes", "compile_seconds", "exports", "imports",
+		"problems", "samples", "size_bytes", "version"}) {
+		t.Fatalf("report keys %v", got)
+	}
+	if cs, ok := rep["compile_seconds"].(float64); !ok || cs < 0 || cs > 60 {
+		t.Fatalf("compile_seconds %v", rep["compile_seconds"])
+	}
+	samples, _ := rep["samples"].([]any)
+	if len(samples) == 0 {
+		t.Fatalf("no samples: %s", b)
+	}
+	s0, _ := samples[0].(map[string]any)
+	if got := keys(s0); !slices.Equal(got, []string{"duration_seconds", "endpoints", "name", "ranking"}) {
+		t.Fatalf("sample keys %v", got)
+	}
+	if d, ok := s0["duration_seconds"].(float64); !ok || d <= 0 || d > 10 {
+		t.Fatalf("duration_seconds %v", s0["duration_seconds"])
+	}
+	if p, ok := rep["problems"].([]any); !ok || len(p) != 0 {
+		t.Fatalf("problems %v", rep["problems"])
+	}
+	st, b = adminDo(t, g, "GET", "/admin/v1/policies", "")
+	var list struct {
+		Versions []map[string]any `json:"versions"`
+	}
+	if st != 200 || json.Unmarshal(b, &list) != nil || len(list.Versions) != 2 {
+		t.Fatalf("list: %d %s", st, b)
+	}
+	for _, v := range list.Versions {
+		if got := keys(v); !slices.Equal(got, []string{"active_for", "builtin", "disabled", "loaded_at", "name", "sha256",
+			"size_bytes", "version"}) {
+			t.Fatalf("version keys %v", got)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, v["loaded_at"].(string)); err != nil {
+			t.Fatalf("loaded_at: %v", err)
+		}
+		if _, ok := v["active_for"].([]any); !ok {
+			t.Fatalf("active_for %v", v["active_for"])
+		}
 	}
 }

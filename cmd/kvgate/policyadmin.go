@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/sdk"
 )
 
 // adminClient calls a running gateway's admin API.
@@ -26,28 +30,10 @@ func (a *adminClient) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&a.tokenEnv, "token-env", "KVGATE_ADMIN_TOKEN", "environment variable holding the admin token")
 }
 
-// do sends method path with body and writes the response body to out; non-2xx statuses are errors.
+// do sends method path with body and writes the response body (indented JSON) to out; non-2xx statuses
+// are errors.
 func (a *adminClient) do(ctx context.Context, out io.Writer, method, path, ctype string, body []byte) error {
-	tok := os.Getenv(a.tokenEnv)
-	if tok == "" {
-		return fmt.Errorf("set %s to the gateway's admin token", a.tokenEnv)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(a.url, "/")+path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	if ctype != "" {
-		req.Header.Set("Content-Type", ctype)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	b, status, err := a.call(ctx, method, path, ctype, body)
 	if err != nil {
 		return err
 	}
@@ -56,27 +42,113 @@ func (a *adminClient) do(ctx context.Context, out io.Writer, method, path, ctype
 		b = append(pretty.Bytes(), '\n')
 	}
 	out.Write(b)
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
+	if status/100 != 2 {
+		return fmt.Errorf("%s %s: %d %s", method, path, status, http.StatusText(status))
 	}
 	return nil
+}
+
+// call sends method path with body and returns the response body and status.
+func (a *adminClient) call(ctx context.Context, method, path, ctype string, body []byte) ([]byte, int, error) {
+	tok := os.Getenv(a.tokenEnv)
+	if tok == "" {
+		return nil, 0, fmt.Errorf("set %s to the gateway's admin token", a.tokenEnv)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(a.url, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, err
+	}
+	return b, resp.StatusCode, nil
+}
+
+// uploadSummary renders an upload response for humans: the verdict and version, size, ABI and compile time,
+// the validation samples, and either the activate command to run next or the problems.
+func uploadSummary(w io.Writer, r admin.UploadResponse) {
+	rep := r.Report
+	verdict := "accepted"
+	if !r.Accepted {
+		verdict = "rejected"
+	}
+	abi := "unknown"
+	if rep.ABIMinor >= 0 {
+		abi = fmt.Sprintf("v%d.%d", sdk.ABIMajor, rep.ABIMinor)
+	}
+	short := route.ShortVersion(string(r.Version))
+	fmt.Fprintf(w, "%s %s\n", verdict, short)
+	fmt.Fprintf(w, "  %d bytes, ABI %s, compiled in %.3f s\n", rep.SizeBytes, abi, rep.CompileSeconds)
+	bad, slowest := 0, 0.0
+	for _, s := range rep.Samples {
+		if s.Problem != "" {
+			bad++
+		}
+		slowest = max(slowest, s.DurationSeconds)
+	}
+	fmt.Fprintf(w, "  validation: %d of %d sample snapshots answered correctly (slowest %.6f s)\n",
+		len(rep.Samples)-bad, len(rep.Samples), slowest)
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "  problem: %s\n", p)
+	}
+	if r.Accepted {
+		fmt.Fprintf(w, "activate it with: kvgate policy activate MODEL %s\n", short)
+	}
 }
 
 // policyAdminCmds returns `kvgate policy upload|activate|rollback|list`, which call a gateway's admin API.
 func policyAdminCmds() []*cobra.Command {
 	var up, act, rb, ls adminClient
+	var fullJSON bool
 	upload := &cobra.Command{
 		Use:   "upload NAME FILE.wasm",
-		Short: "Upload a policy module to a gateway (stored for every gateway on its store); prints the validation report",
+		Short: "Upload a policy module to a gateway (stored for every gateway on its store); prints a validation summary",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			wasm, err := os.ReadFile(args[1])
 			if err != nil {
 				return err
 			}
-			return up.do(cmd.Context(), cmd.OutOrStdout(), http.MethodPut, "/admin/v1/policies/"+args[0], "application/wasm", wasm)
+			path := "/admin/v1/policies/" + args[0]
+			if fullJSON {
+				return up.do(cmd.Context(), cmd.OutOrStdout(), http.MethodPut, path, "application/wasm", wasm)
+			}
+			b, status, err := up.call(cmd.Context(), http.MethodPut, path, "application/wasm", wasm)
+			if err != nil {
+				return err
+			}
+			var r admin.UploadResponse
+			if (status == http.StatusCreated || status == http.StatusUnprocessableEntity) && json.Unmarshal(b, &r) == nil {
+				uploadSummary(cmd.OutOrStdout(), r)
+				if !r.Accepted {
+					return fmt.Errorf("%w: %s", errRejected, r.Version)
+				}
+				return nil
+			}
+			var e struct {
+				Error struct {
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+				return fmt.Errorf("upload: %d %s: %s", status, http.StatusText(status), e.Error.Message)
+			}
+			return fmt.Errorf("upload: %d %s: %s", status, http.StatusText(status), bytes.TrimSpace(b))
 		},
 	}
+	upload.Flags().BoolVar(&fullJSON, "json", false, "print the gateway's full JSON response (validation report included)")
 	up.flags(upload)
 	var cfg string
 	activate := &cobra.Command{

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -86,11 +87,25 @@ func TestServeAndPolicyCommands(t *testing.T) {
 		err := cmd.ExecuteContext(context.Background())
 		return out.String(), err
 	}
-	out, err := run("upload", "mine", wasm)
-	if err != nil || !strings.Contains(out, `"accepted": true`) {
-		t.Fatalf("upload: %v\n%s", err, out)
-	}
 	ver := string(plugins.VersionOf("mine", plugins.BuiltinWasm))
+	out, err := run("upload", "mine", wasm)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err != nil || len(lines) != 4 || lines[0] != "accepted "+ver[:len("mine@")+12] ||
+		!regexp.MustCompile(`^  \d+ bytes, ABI v1\.\d+, compiled in \d+\.\d{3} s$`).MatchString(lines[1]) ||
+		!regexp.MustCompile(`^  validation: (\d+) of (\d+) sample snapshots answered correctly`).MatchString(lines[2]) ||
+		lines[3] != "activate it with: kvgate policy activate MODEL "+ver[:len("mine@")+12] {
+		t.Fatalf("upload summary: %v\n%s", err, out)
+	}
+	t.Logf("kvgate policy upload:\n%s", out)
+	if out, err := run("upload", "mine", wasm, "--json"); err != nil || !strings.Contains(out, `"accepted": true`) ||
+		!strings.Contains(out, `"compile_seconds": `) {
+		t.Fatalf("upload --json: %v\n%s", err, out)
+	}
+	os.WriteFile(filepath.Join(dir, "bad.wasm"), []byte("\x00asm\x01\x00\x00\x00"), 0o600)
+	if out, err := run("upload", "bad", filepath.Join(dir, "bad.wasm")); !errors.Is(err, errRejected) ||
+		!strings.HasPrefix(out, "rejected bad@") || !strings.Contains(out, "  problem: ") {
+		t.Fatalf("upload of a rejected module: %v\n%s", err, out)
+	}
 	if out, err := run("activate", "qwen3", ver[:len("mine@")+10], "--config", `{"imbalance_threshold":2}`); err != nil {
 		t.Fatalf("activate: %v\n%s", err, out)
 	}

@@ -74,11 +74,64 @@ func fail(c *fiber.Ctx, e *openai.Error) error {
 	return c.Status(e.Status).Send(e.JSON())
 }
 
-// UploadResponse is the body of PUT /admin/v1/policies/{name}.
+// UploadResponse is the body of PUT /admin/v1/policies/{name} (201 accepted, 422 rejected).
 type UploadResponse struct {
-	Version  plugins.Version          `json:"version"`
-	Accepted bool                     `json:"accepted"`
-	Report   plugins.ValidationReport `json:"report"`
+	Version  plugins.Version `json:"version"`  // name@sha256 of the uploaded module
+	Accepted bool            `json:"accepted"` // false: Report.Problems says why
+	Report   Report          `json:"report"`
+}
+
+// Report is plugins.ValidationReport as the admin API shows it: snake_case names, durations in seconds.
+type Report struct {
+	Version        plugins.Version `json:"version"`         // name@sha256
+	SizeBytes      int             `json:"size_bytes"`      // module size
+	CompileSeconds float64         `json:"compile_seconds"` // wazero compilation time (near 0 from a warm cache)
+	ABIMinor       int32           `json:"abi_minor"`       // the guest's minor ABI version (-1 if unknown)
+	BufferBytes    uint32          `json:"buffer_bytes"`    // the guest's input buffer size
+	Imports        []string        `json:"imports"`         // "module.name", sorted
+	Exports        []string        `json:"exports"`         // exported function names, sorted
+	Samples        []Sample        `json:"samples"`         // one per validation sample snapshot, in order
+	Problems       []string        `json:"problems"`        // empty when accepted
+}
+
+// Sample is plugins.SampleResult as the admin API shows it.
+type Sample struct {
+	Name            string  `json:"name"`             // sample snapshot name
+	Endpoints       int     `json:"endpoints"`        // endpoints in the snapshot
+	Ranking         []int   `json:"ranking"`          // the module's answer: indices into the endpoints
+	DurationSeconds float64 `json:"duration_seconds"` // wall time of the call
+	Problem         string  `json:"problem,omitempty"`
+}
+
+// NewReport maps a validation report to its admin JSON form (lists are never null).
+func NewReport(r plugins.ValidationReport) Report {
+	out := Report{Version: r.Version, SizeBytes: r.SizeBytes, CompileSeconds: r.CompileTime.Seconds(),
+		ABIMinor: r.ABIMinor, BufferBytes: r.BufferCap, Imports: nonNil(r.Imports), Exports: nonNil(r.Exports),
+		Samples: make([]Sample, 0, len(r.Samples)), Problems: nonNil(r.Problems)}
+	for _, s := range r.Samples {
+		out.Samples = append(out.Samples, Sample{Name: s.Name, Endpoints: s.Endpoints, Ranking: nonNil(s.Ranking),
+			DurationSeconds: s.Duration.Seconds(), Problem: s.Problem})
+	}
+	return out
+}
+
+// VersionJSON is plugins.VersionInfo as GET /admin/v1/policies shows it.
+type VersionJSON struct {
+	Version   plugins.Version `json:"version"`    // name@sha256
+	Name      string          `json:"name"`       // the name it was uploaded under
+	SHA256    string          `json:"sha256"`     // lowercase hex digest of the module
+	SizeBytes int             `json:"size_bytes"` // module size
+	Builtin   bool            `json:"builtin"`    // the embedded three-tier module
+	Disabled  bool            `json:"disabled"`   // disabled after missed deadlines
+	ActiveFor []string        `json:"active_for"` // models it is active for, sorted
+	LoadedAt  time.Time       `json:"loaded_at"`  // RFC 3339
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 func (a *API) upload(c *fiber.Ctx) error {
@@ -97,7 +150,7 @@ func (a *API) upload(c *fiber.Ctx) error {
 			return fail(c, openai.BadRequest("name", "%v", err))
 		}
 		if errors.Is(err, plugins.ErrInvalidModule) {
-			return c.Status(fiber.StatusUnprocessableEntity).JSON(UploadResponse{Version: rep.Version, Report: rep})
+			return c.Status(fiber.StatusUnprocessableEntity).JSON(UploadResponse{Version: rep.Version, Report: NewReport(rep)})
 		}
 		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
 	}
@@ -106,7 +159,7 @@ func (a *API) upload(c *fiber.Ctx) error {
 			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Loaded here but not stored: %v", err))
 		}
 	}
-	return c.Status(fiber.StatusCreated).JSON(UploadResponse{Version: v, Accepted: true, Report: rep})
+	return c.Status(fiber.StatusCreated).JSON(UploadResponse{Version: v, Accepted: true, Report: NewReport(rep)})
 }
 
 // ActiveInfo is one model's active policy in GET /admin/v1/policies.
@@ -117,12 +170,17 @@ type ActiveInfo struct {
 
 // ListResponse is the body of GET /admin/v1/policies.
 type ListResponse struct {
-	Versions []plugins.VersionInfo `json:"versions"`
-	Active   map[string]ActiveInfo `json:"active"`
+	Versions []VersionJSON         `json:"versions"` // every loaded version, sorted
+	Active   map[string]ActiveInfo `json:"active"`   // by model
 }
 
 func (a *API) list(c *fiber.Ctx) error {
-	out := ListResponse{Versions: a.Host.Versions(), Active: map[string]ActiveInfo{}}
+	out := ListResponse{Versions: []VersionJSON{}, Active: map[string]ActiveInfo{}}
+	for _, v := range a.Host.Versions() {
+		out.Versions = append(out.Versions, VersionJSON{Version: v.Version, Name: v.Name, SHA256: v.SHA256,
+			SizeBytes: v.SizeBytes, Builtin: v.Builtin, Disabled: v.Disabled, ActiveFor: nonNil(v.ActiveFor),
+			LoadedAt: v.LoadedAt})
+	}
 	for _, m := range a.ModelNames {
 		v, cfg := a.Host.Active(m)
 		if len(cfg) == 0 {
