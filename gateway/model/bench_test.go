@@ -40,6 +40,10 @@ func reportCPU(b *testing.B, c0 time.Duration) {
 //     loop also builds the prompt string (measured alone by "build-prompt");
 //   - uncached: the same prompt with plain Encode (word cache only);
 //   - new-text-only: the replaced last message's text alone, the lower bound for "regenerate".
+//
+// next-turn, next-turn-new-text and regenerate also report p50-µs/encode, the median wall time of the
+// encode call alone (cpu-µs/op averages everything, the prompt building, arena growth, branch copies and
+// the garbage collector included).
 func BenchmarkMultiTurn(b *testing.B) {
 	tk := loadTok(b, modelDir(b, "qwen3"))
 	turns := conversation(b, tk, 1500, 32000)
