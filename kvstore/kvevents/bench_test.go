@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/kvstore"
@@ -183,6 +186,47 @@ func BenchmarkIngestRedis(b *testing.B) {
 	b.ReportMetric(float64(stored/len(ps))*float64(seq)/b.Elapsed().Seconds(), "blocks/s")
 	b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(stored/len(ps)*int(seq)), "redis-cpu-µs/block")
 	if s := ing.Stats(); s.DecodeErrors+s.Orphans+s.IndexErrors+s.Gaps+s.UnknownRemoved != 0 {
+		b.Fatalf("stats %+v", s)
+	}
+}
+
+// BenchmarkIngestRedisBacklog is BenchmarkIngestRedis through the receive loop with the publisher ahead of
+// the ingester (every message already received): the waiting messages are committed together, up to
+// maxQueued per Batcher.Apply, as when an ingester catches up after a burst.
+func BenchmarkIngestRedisBacklog(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client(b)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ps, stored := benchBatches(1024, 32, LayoutMap)
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := make([]zmq4.Msg, len(ps))
+	for i, p := range ps {
+		seq := make([]byte, 8)
+		binary.BigEndian.PutUint64(seq, uint64(i))
+		msgs[i] = zmq4.NewMsgFrom([]byte("kv"), seq, p)
+	}
+	end := errors.New("end of benchmark")
+	ctx := context.Background()
+	cpu0 := redisCPU(b, c)
+	b.ResetTimer()
+	n := 0
+	_ = ing.receive(ctx, func() (zmq4.Msg, error) {
+		if n == b.N {
+			return zmq4.Msg{}, end
+		}
+		n++
+		return msgs[(n-1)%len(msgs)], nil
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(stored/len(ps))*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+	b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(stored/len(ps)*b.N), "redis-cpu-µs/block")
+	if s := ing.Stats(); s.DecodeErrors+s.Orphans+s.IndexErrors+s.Gaps+s.UnknownRemoved != 0 || s.Batches != uint64(b.N) {
 		b.Fatalf("stats %+v", s)
 	}
 }

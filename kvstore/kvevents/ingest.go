@@ -152,6 +152,9 @@ type Ingester struct {
 	ops         []pendingOp        // the current batch's index updates, in order
 	opKeys      []kvstore.BlockKey // their keys, back to back (op i spans ops[i].start up to ops[i+1].start)
 	updates     []kvstore.Update   // Apply scratch
+	acc         pending            // counts of applied, uncommitted batches
+	seqHave     bool               // a sequence number has been applied (published as Stats.HaveSeq at commit)
+	seqLast     uint64             // the last applied one (Stats.LastSeq)
 	grave       []EngineHash       // ring of hashes whose refs reached zero, forgotten when overwritten
 	gravePos    int
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
@@ -276,35 +279,79 @@ func (in *Ingester) run(ctx context.Context) {
 		})
 		first = false
 		in.log.InfoContext(ctx, "kv events connected", slog.String("addr", in.cfg.EventsAddr))
-		for {
-			msg, err := sub.Recv()
-			if err != nil {
-				if ctx.Err() == nil {
-					in.log.InfoContext(ctx, "kv events connection lost", slog.Any("err", err))
-				}
-				break
-			}
-			in.message(ctx, msg.Frames)
+		if err := in.receive(ctx, sub.Recv); ctx.Err() == nil {
+			in.log.InfoContext(ctx, "kv events connection lost", slog.Any("err", err))
 		}
 		_ = sub.Close()
 		in.bump(func(s *Stats) { s.Connected = false })
 	}
 }
 
-// message handles one ZMQ message [topic, seq8, payload].
+// maxQueued is the most received messages applied with one commit (one index call).
+const maxQueued = 64
+
+// receive applies the messages recv returns until it fails, and returns that error. A goroutine receives while the
+// previous messages are applied; the messages waiting when one is applied are applied with it and
+// committed together (up to maxQueued), so an ingester that falls behind its engine catches up with fewer,
+// larger index calls, while one that keeps up still commits every message on its own.
+func (in *Ingester) receive(ctx context.Context, recv func() (zmq4.Msg, error)) error {
+	msgs := make(chan zmq4.Msg, maxQueued)
+	var rerr error
+	go func() {
+		defer close(msgs)
+		for {
+			msg, err := recv()
+			if err != nil {
+				rerr = err
+				return
+			}
+			select {
+			case msgs <- msg:
+			case <-ctx.Done():
+				rerr = ctx.Err()
+				return
+			}
+		}
+	}()
+	for msg := range msgs {
+		in.message(ctx, msg.Frames)
+	more:
+		for n := 1; n < maxQueued; n++ {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					break more
+				}
+				in.message(ctx, m.Frames)
+			default:
+				break more
+			}
+		}
+		in.commit(ctx)
+	}
+	return rerr // written before msgs was closed
+}
+
+// message queues one ZMQ message [topic, seq8, payload] (handleQueued); the caller commits.
 func (in *Ingester) message(ctx context.Context, frames [][]byte) {
 	if len(frames) != 3 || len(frames[1]) != 8 {
 		in.bump(func(s *Stats) { s.BadFrames++ })
 		return
 	}
-	in.handle(ctx, binary.BigEndian.Uint64(frames[1]), frames[2])
+	in.handleQueued(ctx, binary.BigEndian.Uint64(frames[1]), frames[2])
 }
 
-// handle applies one sequenced payload, repairing order first (see RATIONALE.md).
+// handle applies one sequenced payload, repairing order first (see RATIONALE.md), and commits it: when it
+// returns, the batch is in the index and in Stats.
 func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
-	in.mu.Lock()
-	have, last := in.stats.HaveSeq, in.stats.LastSeq
-	in.mu.Unlock()
+	in.handleQueued(ctx, seq, payload)
+	in.commit(ctx)
+}
+
+// handleQueued is handle without the commit: the batch's index updates stay queued (with those of earlier
+// uncommitted batches) until commit, so several received batches go to the index in one call.
+func (in *Ingester) handleQueued(ctx context.Context, seq uint64, payload []byte) {
+	have, last := in.seqHave, in.seqLast
 	if !have {
 		// This Ingester's first message. Whatever the index holds for the endpoint was written by an earlier
 		// ingester (another gateway before a lease takeover, or this one before a restart) whose engine-hash
@@ -316,9 +363,7 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 		// The first message from a publisher that has been running for a while: fetch its buffered history
 		// first, so blocks announced before we connected are known (and later children are not orphans).
 		in.replay(ctx, 0)
-		in.mu.Lock()
-		have, last = in.stats.HaveSeq, in.stats.LastSeq
-		in.mu.Unlock()
+		have, last = in.seqHave, in.seqLast
 		in.bump(func(s *Stats) { s.CatchUps++ })
 		switch {
 		case have && seq <= last:
@@ -333,9 +378,7 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 		in.log.WarnContext(ctx, "kv events sequence gap", slog.Uint64("expected", last+1), slog.Uint64("got", seq))
 		if in.cfg.ReplayAddr != "" {
 			in.replay(ctx, last+1)
-			in.mu.Lock()
-			last = in.stats.LastSeq
-			in.mu.Unlock()
+			last = in.seqLast
 			if seq <= last {
 				in.dupLo, in.dupHi = seq, last
 				in.bump(func(s *Stats) { s.Replays++ })
@@ -396,10 +439,7 @@ func (in *Ingester) replay(ctx context.Context, from uint64) {
 		if seq == endSeq {
 			return
 		}
-		in.mu.Lock()
-		have, last := in.stats.HaveSeq, in.stats.LastSeq
-		in.mu.Unlock()
-		if !have || seq == last+1 {
+		if !in.seqHave || seq == in.seqLast+1 {
 			in.apply(ctx, seq, f[2])
 		}
 		// Older batches are skipped; a batch beyond last+1 means the buffer no longer reaches back to the
@@ -430,8 +470,8 @@ func (in *Ingester) forgetAll() {
 
 // clear drops the endpoint's confirmed entries and its hash map (speculative entries stay).
 func (in *Ingester) clear(ctx context.Context, resync bool) {
+	in.commit(ctx) // what came before the clear, in order (Stats included)
 	in.forgetAll()
-	in.dropOps()
 	err := in.cfg.Index.ClearConfirmed(ctx, in.cfg.Model, in.cfg.Endpoint)
 	in.bump(func(s *Stats) {
 		s.Clears++
@@ -443,34 +483,59 @@ func (in *Ingester) clear(ctx context.Context, resync bool) {
 	})
 }
 
-// apply decodes and applies one batch and records seq as the last one applied.
+// apply decodes one batch, queues its index updates and counts it; seq becomes the last applied sequence
+// number. commit sends the updates and publishes the counts.
 func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
+	in.seqHave, in.seqLast = true, seq
+	in.acc.any = true
 	b, err := Decode(payload)
 	if err != nil {
-		in.bump(func(s *Stats) {
-			s.DecodeErrors++
-			s.HaveSeq, s.LastSeq = true, seq
-		})
+		in.acc.decodeErrors++
 		in.log.WarnContext(ctx, "kv events batch undecodable", slog.Uint64("seq", seq), slog.Any("err", err))
 		return
 	}
-	var c applyCounts
 	for _, ev := range b.Events {
-		in.event(ctx, ev, &c)
+		in.event(ctx, ev, &in.acc.c)
 	}
-	in.flush(ctx, &c)
 	now := in.cfg.Now()
-	lag := now.Sub(time.Unix(0, int64(b.TS*1e9)))
+	in.acc.batches++
+	in.acc.events += uint64(len(b.Events))
+	in.acc.skipped += uint64(b.Skipped)
+	in.acc.lag = now.Sub(time.Unix(0, int64(b.TS*1e9)))
+	in.acc.at = now
+}
+
+// commit sends the queued index updates (one Batcher.Apply) and then publishes the applied batches'
+// counters and sequence number in Stats, so Stats.LastSeq never runs ahead of the index.
+func (in *Ingester) commit(ctx context.Context) {
+	if !in.acc.any && len(in.ops) == 0 {
+		return
+	}
+	in.flush(ctx, &in.acc.c)
+	a := in.acc
+	in.acc = pending{}
 	in.bump(func(s *Stats) {
-		s.HaveSeq, s.LastSeq = true, seq
-		s.Batches++
-		s.Events += uint64(len(b.Events))
-		s.SkippedEvents += uint64(b.Skipped)
-		s.Lag = lag
-		s.LastBatchAt = now
-		c.addTo(s)
+		s.HaveSeq, s.LastSeq = in.seqHave, in.seqLast
+		s.DecodeErrors += a.decodeErrors
+		s.Batches += a.batches
+		s.Events += a.events
+		s.SkippedEvents += a.skipped
+		if a.batches > 0 {
+			s.Lag = a.lag
+			s.LastBatchAt = a.at
+		}
+		a.c.addTo(s)
 		s.MappedHashes = len(in.hashes)
 	})
+}
+
+// pending is what apply counted since the last commit.
+type pending struct {
+	c                                      applyCounts
+	any                                    bool
+	decodeErrors, batches, events, skipped uint64
+	lag                                    time.Duration
+	at                                     time.Time
 }
 
 // applyCounts gathers one batch's counters so Stats is locked once per batch.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -653,4 +654,79 @@ func TestIngestReplayUnreachable(t *testing.T) {
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
 		t.Fatalf("entries survived an unrepaired gap: %d", g)
 	}
+}
+
+// slowIndex is a memory index whose Batcher.Apply takes delay and is counted, so messages queue up behind it.
+type slowIndex struct {
+	*kvstore.MemoryIndex
+	delay time.Duration
+	mu    sync.Mutex
+	calls int
+}
+
+func (s *slowIndex) Apply(ctx context.Context, model string, us []kvstore.Update) error {
+	time.Sleep(s.delay)
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	return s.MemoryIndex.Apply(ctx, model, us)
+}
+
+// TestIngestBacklogCommitsTogether: messages that arrive while the index is busy are applied together in
+// fewer index calls, in order, and Stats.LastSeq is published only once they are in the index.
+func TestIngestBacklogCommitsTogether(t *testing.T) {
+	p := startPub(t, 0, 0)
+	idx := &slowIndex{MemoryIndex: kvstore.NewMemoryIndex(kvstore.MemoryConfig{}), delay: 30 * time.Millisecond}
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, EventsAddr: p.addr(p.pubPort), BlockSize: 16,
+		Hasher: kvstore.Hasher{Seed: 7}, Index: idx, BackoffMin: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ing.Close() })
+	p.wait(p.sub, "subscription")
+	const n = 24
+	toks := tokens(1, 16*n)
+	hs, _ := engineHashes(t, toks, kvstore.ExtraKeys{})
+	for i := range n { // a chain: block i is stored as the child of block i-1; block 5 is evicted again
+		ev := BlockStored{BlockHashes: hs[i : i+1], TokenIDs: toks[16*i : 16*i+16], BlockSize: 16, Medium: "GPU"}
+		if i > 0 {
+			ev.ParentBlockHash = &hs[i-1]
+		}
+		evs := []Event{ev}
+		if i == 10 {
+			evs = append(evs, BlockRemoved{BlockHashes: hs[5:6], Medium: "GPU"})
+		}
+		p.pub(uint64(i), mustEncode(t, batch(evs...), LayoutMap, HashUint))
+	}
+	var g int
+	for {
+		s := waitStats(t, ing, "some batches", func(s Stats) bool { return s.HaveSeq })
+		// Whatever Stats says is applied is in the index.
+		g, _ = match(t, idx, toks, kvstore.ExtraKeys{})
+		if want := min(int(s.LastSeq)+1, 5); g < want {
+			t.Fatalf("LastSeq %d published but only %d blocks matched", s.LastSeq, g)
+		}
+		if s.LastSeq == n-1 {
+			if s.Batches != n || s.Blocks != n || s.Orphans != 0 {
+				t.Fatalf("stats %+v", s)
+			}
+			break
+		}
+	}
+	if g != 5 {
+		t.Fatalf("match %d blocks, want 5 (block 5 evicted)", g)
+	}
+	if got, err := idx.Match(context.Background(), testModel, kvstore.Hasher{Seed: 7}.Keys(toks, 16, kvstore.ExtraKeys{})[6:]); err != nil || len(got) != 1 || got[0].GPUBlocks != n-6 {
+		t.Fatalf("blocks after the evicted one: %+v %v", got, err)
+	}
+	idx.mu.Lock()
+	calls := idx.calls
+	idx.mu.Unlock()
+	if calls >= n {
+		t.Fatalf("%d index calls for %d queued messages: nothing committed together", calls, n)
+	}
+	t.Logf("%d messages, %d index calls", n, calls)
 }
