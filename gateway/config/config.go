@@ -62,7 +62,9 @@ type Config struct {
 	// Listen is the client and admin HTTP address, host:port (default ":8080").
 	Listen string `yaml:"listen"`
 	// AdminTokenEnv names the environment variable holding the admin bearer token
-	// (default KVGATE_ADMIN_TOKEN). An empty variable disables the admin API (every /admin/ request gets 401).
+	// (default KVGATE_ADMIN_TOKEN). When the variable is unset or empty, `kvgate serve` generates a random
+	// token at start and prints it; a gateway started as a library (gateway.Start) with an empty
+	// Secrets.AdminToken refuses every /admin/ request with 401.
 	AdminTokenEnv string `yaml:"admin_token_env"`
 	// ClientAPIKeysEnv optionally names an environment variable holding comma-separated client API keys.
 	// When set and non-empty, /v1/ routes require "Authorization: Bearer <key>"; otherwise they are open.
@@ -440,7 +442,7 @@ func (c *Config) Validate() error {
 
 // Secrets are the values read from the environment variables the file names.
 type Secrets struct {
-	// AdminToken is the admin bearer token; empty disables the admin API.
+	// AdminToken is the admin bearer token; empty disables the admin API (`kvgate serve` generates one instead).
 	AdminToken string
 	// ClientAPIKeys are accepted client bearer keys; empty leaves /v1/ open.
 	ClientAPIKeys []string
