@@ -16,6 +16,8 @@
 // An Ingester subscribes to one endpoint's publisher (frames [topic, seq as 8-byte big-endian, payload]),
 // decodes each batch and applies it, in order, to a kvstore.Index under kvgate's own block keys
 // (kvstore.Hasher over the event's token IDs), keeping a reference-counted engine-hash → block-key map per
-// endpoint. Sequence gaps are repaired through the publisher's replay ROUTER socket when one is configured,
-// else the endpoint's entries are dropped; see RATIONALE.md.
+// endpoint. A batch's index updates go out in one kvstore.Batcher.Apply; messages that queue up while the
+// index is busy are committed together. Sequence gaps are repaired through the publisher's replay ROUTER
+// socket when one is configured, else the endpoint's confirmed entries are dropped (Index.ClearConfirmed:
+// the gateways' speculative entries stay); see RATIONALE.md.
 package kvevents

@@ -102,7 +102,8 @@ type Stats struct {
 	KeyConflicts uint64
 	// IndexErrors counts failed Index calls.
 	IndexErrors uint64
-	// HaveSeq says whether LastSeq is set; LastSeq is the last applied sequence number.
+	// HaveSeq says whether LastSeq is set; LastSeq is the last applied sequence number, published once that
+	// batch's updates are in the index.
 	HaveSeq bool
 	LastSeq uint64
 	// Lag is the receive time minus the batch timestamp of the last applied batch.
