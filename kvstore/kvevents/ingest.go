@@ -291,10 +291,10 @@ func (in *Ingester) run(ctx context.Context) {
 // maxQueued is the most received messages applied with one commit (one index call).
 const maxQueued = 64
 
-// receive applies the messages recv returns until it fails, and returns that error. A goroutine receives while the
-// previous messages are applied; the messages waiting when one is applied are applied with it and
-// committed together (up to maxQueued), so an ingester that falls behind its engine catches up with fewer,
-// larger index calls, while one that keeps up still commits every message on its own.
+// receive applies the messages recv returns until it fails, and returns that error. A goroutine receives
+// while the previous messages are applied; the messages waiting when one is applied are applied with it
+// and committed together (up to maxQueued), so an ingester that falls behind its engine catches up with
+// fewer, larger index calls, while one that keeps up still commits every message on its own.
 func (in *Ingester) receive(ctx context.Context, recv func() (zmq4.Msg, error)) error {
 	msgs := make(chan zmq4.Msg, maxQueued)
 	var rerr error
@@ -700,8 +700,8 @@ func (in *Ingester) dropOps() {
 	in.opKeys = in.opKeys[:0]
 }
 
-// flush sends the queued updates of one batch in order: one Batcher.Apply (one pipelined round trip on
-// Redis), or one Add / Remove call per update when the index is not a Batcher.
+// flush sends the queued updates (of the batches since the last commit) in order: one Batcher.Apply (one
+// pipelined round trip on Redis), or one Add / Remove call per update when the index is not a Batcher.
 func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
 	defer in.dropOps()
 	in.updates = in.updates[:0]
