@@ -376,3 +376,29 @@ func TestAdminJSONShape(t *testing.T) {
 		}
 	}
 }
+
+// A 429 (every endpoint full for the queue timeout) tells the client when to retry.
+func TestTooManyRequestsRetryAfter(t *testing.T) {
+	release := make(chan struct{})
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, b []byte) {
+		<-release
+		okCompletion(w, r, b)
+	})
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: f0, engine: vllm, url: %q, max_inflight_requests: 1}\n", eng.srv.URL), ""))
+	done := make(chan int, 1)
+	go func() {
+		st, _, _ := post(t, "http://"+g.Addr()+"/v1/completions", `{"model":"qwen3","prompt":"hold","max_tokens":1}`)
+		done <- st
+	}()
+	if !waitFor(3*time.Second, func() bool { return eng.calls.Load() == 1 }) {
+		t.Fatal("first request never reached the engine")
+	}
+	st, h, b := post(t, "http://"+g.Addr()+"/v1/completions", `{"model":"qwen3","prompt":"hi","max_tokens":1}`)
+	close(release)
+	if st != 429 || h.Get("Retry-After") != "1" || !strings.Contains(string(b), `"code":"no_capacity"`) {
+		t.Fatalf("full: %d %s Retry-After %q", st, b, h.Get("Retry-After"))
+	}
+	if st := <-done; st != 200 {
+		t.Fatalf("held request: %d", st)
+	}
+}

@@ -49,6 +49,9 @@ const (
 	StatusClientClosed = 499
 )
 
+// RetryAfterSeconds is the Retry-After header of a 429 (every endpoint at capacity for the queue timeout).
+const RetryAfterSeconds = 1
+
 // DisconnectPoll is how often a waiting request checks whether its client is still connected.
 const DisconnectPoll = 100 * time.Millisecond
 
@@ -463,6 +466,11 @@ func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) e
 		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
 	}
 	s.count(s.modelLabel(req.Model), ep, oe.Status)
+	if oe.Status == http.StatusTooManyRequests {
+		// Every endpoint stayed full for the queue timeout: a client (the OpenAI SDKs honour it) should
+		// wait before retrying rather than retry at once.
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
+	}
 	return sendError(c, oe)
 }
 
