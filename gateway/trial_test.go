@@ -402,3 +402,34 @@ func TestTooManyRequestsRetryAfter(t *testing.T) {
 		t.Fatalf("held request: %d", st)
 	}
 }
+
+// Client-facing error messages carry no internal package prefixes ("chattemplate: request: ..."), engine
+// URLs or socket errors; a malformed chat request names the offending JSON path as param.
+func TestClientErrorMessages(t *testing.T) {
+	flaky := newFakeEngine(t, 0, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	})
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: f0, engine: vllm, url: %q}\n", flaky.srv.URL), ""))
+	for _, tc := range []struct{ body, param, message string }{
+		{`{"model":"qwen3","messages":[{"content":"x"}]}`, "messages[0].role", "messages[0].role: field required (a string)"},
+		{`{"model":"qwen3","messages":["x"]}`, "messages[0]", "messages[0]: must be an object"},
+		{`{"model":"qwen3","messages":[{"role":"user","content":"x"}],"tools":5}`, "tools", "tools: must be a list"},
+	} {
+		st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", tc.body)
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Param   string `json:"param"`
+			} `json:"error"`
+		}
+		if st != 400 || json.Unmarshal(b, &e) != nil || e.Error.Message != tc.message || e.Error.Param != tc.param {
+			t.Errorf("%s: %d %s", tc.body, st, b)
+		}
+	}
+	st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", `{"model":"qwen3","messages":[{"role":"user","content":"x"}]}`)
+	if st != 502 || !strings.Contains(string(b), "Every endpoint serving `qwen3` failed before responding.") ||
+		strings.Contains(string(b), "127.0.0.1") || strings.Contains(string(b), "upstream:") {
+		t.Fatalf("all endpoints failing: %d %s", st, b)
+	}
+}

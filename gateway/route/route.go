@@ -269,7 +269,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	case req.API == openai.Chat:
 		_, ids, err := m.Encoder.EncodeChat(body)
 		if err != nil {
-			return nil, openai.BadRequest("messages", "%v", err)
+			return nil, chatError(err)
 		}
 		p.IDs = ids
 	case req.PromptIsIDs:

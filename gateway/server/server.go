@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -331,7 +332,8 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			out, berr := upstream.Body(cand.Engine, req, body, plan.IDs)
 			if berr != nil {
 				s.o.Router.Release(claim)
-				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "%v", berr))
+				log.Warn("cannot build the engine request body", slog.String("endpoint_id", cand.ID), slog.String("error", berr.Error()))
+				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.o.Metrics.Stage.WithLabelValues(metrics.StageTotal).Observe(time.Since(start).Seconds())
 			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, hdr, dropAuth)
@@ -350,7 +352,8 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
 			exclude[claim.Index] = true
 			if len(exclude) >= len(plan.Candidates) {
-				return s.fail(c, req, cand.ID, openai.Upstream("every endpoint failed: "+err.Error()))
+				// The details (engine URLs, socket errors) are in the log above, not for the client.
+				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint serving `%s` failed before responding.", req.Model)))
 			}
 		}
 		epID := plan.Candidates[claim.Index].ID
@@ -415,7 +418,8 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 					return nil
 				}
 				c.Response().Header.Del(fiber.HeaderContentType)
-				return sendError(c, openai.Upstream("engine response failed: "+rerr.Error()))
+				log.Warn("engine response failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
+				return sendError(c, openai.Upstream("The engine's response failed before it ended."))
 			}
 			finish(resp.StatusCode, false)
 			return c.Send(b)
@@ -444,7 +448,8 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 					disc := ctx.Err() != nil
 					if !disc {
 						// The engine failed mid-stream: end the stream with an error event (never retried).
-						e := openai.Upstream("engine stream failed: " + rerr.Error())
+						log.Warn("engine stream failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
+						e := openai.Upstream("The engine's stream failed before it ended.")
 						w.WriteString("data: ")
 						w.Write(e.JSON())
 						w.WriteString("\n\n")

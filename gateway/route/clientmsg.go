@@ -1,0 +1,46 @@
+package route
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/kvgate/kvgate/gateway/chattemplate"
+	"github.com/kvgate/kvgate/gateway/openai"
+)
+
+// chatError turns an Encoder.EncodeChat error into the client's 400, worded for the client: without the
+// gateway's package prefixes ("chattemplate: request: ..."), with the offending JSON path as param when the
+// request was malformed, and a template's own raise_exception text as vLLM returns it.
+func chatError(err error) *openai.Error {
+	if re, ok := errors.AsType[*chattemplate.RequestError](err); ok {
+		if re.Path == "" {
+			return openai.BadRequest("messages", "%s", re.Message)
+		}
+		return openai.BadRequest(re.Path, "%s: %s", re.Path, re.Message)
+	}
+	if re, ok := errors.AsType[*chattemplate.RenderError](err); ok {
+		return openai.BadRequest("messages", "%s", re.Message)
+	}
+	if errors.Is(err, chattemplate.ErrNoTemplate) {
+		return openai.BadRequest("messages", "This model has no chat template; use /v1/completions.")
+	}
+	return openai.BadRequest("messages", "%s", clientText(err))
+}
+
+// internalPrefixes are the "pkg: op: " prefixes the gateway's own packages put on errors.
+var internalPrefixes = []string{"chattemplate: ", "request: ", "render: ", "model: ", "tokenizer: ", "route: ",
+	"openai: ", "upstream: "}
+
+// clientText is err's text without leading internal package prefixes.
+func clientText(err error) string {
+	s := err.Error()
+	for trimmed := true; trimmed; {
+		trimmed = false
+		for _, p := range internalPrefixes {
+			if rest, ok := strings.CutPrefix(s, p); ok {
+				s, trimmed = rest, true
+			}
+		}
+	}
+	return s
+}
