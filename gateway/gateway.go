@@ -140,7 +140,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway: model %s: tokenizer %s: %w", m.Name, m.Tokenizer, err)
 		}
-		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc}
+		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
+			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
 			rm.Endpoints = append(rm.Endpoints, route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
 				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens}})

@@ -433,3 +433,29 @@ func TestClientErrorMessages(t *testing.T) {
 		t.Fatalf("all endpoints failing: %d %s", st, b)
 	}
 }
+
+// max_prompt_tokens: a longer prompt is refused with 400 before routing (no endpoint chosen, nothing
+// forwarded); a prompt at the limit is served.
+func TestMaxPromptTokens(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, strings.Replace(gwYAML(simEndpointsYAML(engines, 64), ""), "    queue_timeout: 400ms\n",
+		"    queue_timeout: 400ms\n    max_prompt_tokens: 10\n", 1))
+	base := "http://" + g.Addr()
+	// "Hello!" as a chat renders to 10 tokens with Qwen3's template (the README's curl reports prompt_tokens 10).
+	if st, h, b := post(t, base+"/v1/chat/completions", `{"model":"qwen3","messages":[{"role":"user","content":"Hello!"}],"max_tokens":1}`); st != 200 || h.Get("x-kvgate-endpoint") != "e0" {
+		t.Fatalf("at the limit: %d %s", st, b)
+	}
+	st, h, b := post(t, base+"/v1/chat/completions", `{"model":"qwen3","messages":[{"role":"user","content":"Hello there!"}],"max_tokens":1}`)
+	if st != 400 || h.Get("x-kvgate-endpoint") != "" ||
+		!strings.Contains(string(b), `"message":"This model's maximum prompt length is 10 tokens; the prompt has 11 tokens."`) ||
+		!strings.Contains(string(b), `"code":"prompt_too_long"`) {
+		t.Fatalf("over the limit: %d %s %v", st, b, h)
+	}
+	st, _, b = post(t, base+"/v1/completions", `{"model":"qwen3","prompt":[1,2,3,4,5,6,7,8,9,10,11],"max_tokens":1}`)
+	if st != 400 || !strings.Contains(string(b), `"param":"prompt"`) {
+		t.Fatalf("completions over the limit: %d %s", st, b)
+	}
+	if n := scrape(t, g, `kvgate_requests_total{endpoint="",model="qwen3",status="400"}`); n != 2 {
+		t.Fatalf("400s counted %v", n)
+	}
+}

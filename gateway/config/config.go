@@ -135,6 +135,9 @@ type Model struct {
 	Policy Policy `yaml:"policy"`
 	// QueueTimeout is how long a request waits for capacity before 429 (default 5s).
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// MaxPromptTokens rejects, with 400 before routing, a request whose prompt renders to more tokens than
+	// this (0, the default: no limit of the gateway's own; the engine still enforces its context length).
+	MaxPromptTokens int `yaml:"max_prompt_tokens"`
 	// Endpoints serve this model (may be empty when simulate is set: the simulated engines are used).
 	Endpoints []Endpoint `yaml:"endpoints"`
 }
@@ -396,6 +399,9 @@ func (c *Config) Validate() error {
 		}
 		if m.BlockSize < 1 || m.BlockSize > 1024 {
 			bad(p+".block_size", "want 1..1024, got %d", m.BlockSize)
+		}
+		if m.MaxPromptTokens < 0 {
+			bad(p+".max_prompt_tokens", "must not be negative (0 = no limit), got %d", m.MaxPromptTokens)
 		}
 		if m.QueueTimeout < 0 {
 			bad(p+".queue_timeout", "must not be negative")

@@ -58,6 +58,7 @@ func TestValidationNamesKeyPath(t *testing.T) {
 		{"no endpoints", "models: [{name: a, tokenizer: x}]\n", "models[0].endpoints"},
 		{"dup id", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4}\n      - {id: e0, engine: vllm, url: \"http://h:1\"}", 1), "models[0].endpoints[1].id"},
 		{"block size", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    block_size: -3", 1), "models[0].block_size"},
+		{"max prompt tokens", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    max_prompt_tokens: -1", 1), "models[0].max_prompt_tokens"},
 		{"lease", "lease_ttl: 10ms\n" + minimal, "lease_ttl"},
 	}
 	for _, tc := range cases {

@@ -44,3 +44,16 @@ func clientText(err error) string {
 	}
 	return s
 }
+
+// promptTooLong is the 400 for a prompt of n tokens over the model's MaxPromptTokens, or nil.
+func promptTooLong(m *Model, req *openai.Request, n int) *openai.Error {
+	if m.MaxPromptTokens <= 0 || n <= m.MaxPromptTokens {
+		return nil
+	}
+	param := "messages"
+	if req.API == openai.Completions {
+		param = "prompt"
+	}
+	return openai.Errorf(400, "invalid_request_error", param, "prompt_too_long",
+		"This model's maximum prompt length is %d tokens; the prompt has %d tokens.", m.MaxPromptTokens, n)
+}

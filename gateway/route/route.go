@@ -84,6 +84,8 @@ type Model struct {
 	QueueTimeout time.Duration
 	Encoder      Encoder
 	Endpoints    []Endpoint
+	// MaxPromptTokens rejects longer prompts with 400 before routing (0: no limit).
+	MaxPromptTokens int
 }
 
 // Options configure a Router.
@@ -276,6 +278,9 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		p.IDs = req.PromptIDs
 	default:
 		p.IDs = m.Encoder.EncodeCompletion(req.PromptText)
+	}
+	if err := promptTooLong(m, req, len(p.IDs)); err != nil {
+		return nil, err
 	}
 	t := stage(metrics.StageTokenize, t0)
 	// 2. block keys
