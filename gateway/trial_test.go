@@ -295,7 +295,8 @@ func TestRollbackKeepsConfiguredPolicy(t *testing.T) {
 	if got := activeConfig(); got != yamlCfg {
 		t.Fatalf("start-up config %s", got)
 	}
-	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 409 || !strings.Contains(string(b), "no_previous") {
+	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 409 || !strings.Contains(string(b), `"code":"no_previous"`) ||
+		!strings.Contains(string(b), "Nothing to roll back to for `qwen3`") {
 		t.Fatalf("rollback at start-up: %d %s", st, b)
 	}
 	if got := activeConfig(); got != yamlCfg {

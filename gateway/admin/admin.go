@@ -267,7 +267,8 @@ func (a *API) rollback(c *fiber.Ctx) error {
 	}
 	if err := a.Host.Rollback(req.Model); err != nil {
 		if errors.Is(err, plugins.ErrNoPrevious) {
-			return fail(c, openai.Errorf(409, "invalid_request_error", "model", "no_previous", "%v", err))
+			return fail(c, openai.Errorf(409, "invalid_request_error", "model", "no_previous",
+				"Nothing to roll back to for `%s`: its active policy is the first one activated (the configuration's).", req.Model))
 		}
 		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
 	}
