@@ -14,8 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/tests/harness"
 )
 
@@ -156,7 +156,7 @@ func (b *bench) activate(ctx context.Context, g *harness.Gateway, p string) erro
 		if err != nil {
 			return err
 		}
-		i := slices.IndexFunc(l.Versions, func(v plugins.VersionInfo) bool { return v.Name == p })
+		i := slices.IndexFunc(l.Versions, func(v admin.VersionJSON) bool { return v.Name == p })
 		if i < 0 {
 			return fmt.Errorf("%s is not loaded", p)
 		}
