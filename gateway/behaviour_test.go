@@ -446,6 +446,10 @@ func TestGrafanaDashboardMetrics(t *testing.T) {
 			t.Errorf("dashboard queries %s; /metrics has no %s", n, base)
 		}
 	}
+	// The policy host's own counters are exported beside the gateway's (one routed request: one call).
+	if !regexp.MustCompile(`(?m)^kvgate_policy_calls_total [1-9]`).Match(page) {
+		t.Errorf("/metrics lacks the policy host's kvgate_policy_calls_total > 0")
+	}
 	if len(names) < 15 {
 		t.Fatalf("only %d metric references", len(names))
 	}

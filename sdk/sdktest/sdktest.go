@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/tests/testenv"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/tests/testenv"
 )
 
 // Case is one snapshot and the ranking the policy must give for it.
