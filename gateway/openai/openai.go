@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/tidwall/gjson"
@@ -329,14 +330,45 @@ func tokenIDs(items []gjson.Result) ([]uint32, bool) {
 
 // AppendIDs appends ids as a JSON array of integers.
 func AppendIDs(dst []byte, ids []uint32) []byte {
+	dst = slices.Grow(dst, len(ids)*7+2) // 6 digits and a comma cover vocabularies below 1e6
 	dst = append(dst, '[')
 	for i, id := range ids {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = strconv.AppendUint(dst, uint64(id), 10)
+		dst = appendUint32(dst, id)
 	}
 	return append(dst, ']')
+}
+
+// digitPairs holds "00" to "99": appendUint32 writes two digits per division.
+const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
+
+// appendUint32 appends v in decimal, as strconv.AppendUint does, with 32-bit divisions and two digits per
+// step (AppendIDs formats every prompt token ID of every routed request).
+func appendUint32(dst []byte, v uint32) []byte {
+	if v < 10 {
+		return append(dst, byte('0'+v))
+	}
+	var buf [10]byte
+	i := len(buf)
+	for v >= 100 {
+		q := v / 100
+		r := (v - q*100) * 2
+		i -= 2
+		buf[i], buf[i+1] = digitPairs[r], digitPairs[r+1]
+		v = q
+	}
+	if v >= 10 {
+		i -= 2
+		buf[i], buf[i+1] = digitPairs[v*2], digitPairs[v*2+1]
+	} else {
+		i--
+		buf[i] = byte('0' + v)
+	}
+	return append(dst, buf[i:]...)
 }
 
 // SpliceChatTokenIDs returns body with a top-level "prompt_token_ids" field holding ids, inserted right after

@@ -132,6 +132,8 @@ type Router struct {
 	seq atomic.Uint64
 	// stage holds the latency observer of each stage, resolved once (WithLabelValues hashes and locks).
 	stage map[string]prometheus.Observer
+	// tokens caches each model's prompt and matched-token counters (Record runs on every request).
+	tokens sync.Map // model name -> *tokenCounters
 
 	down     atomic.Bool
 	downMu   sync.Mutex
@@ -579,9 +581,10 @@ func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, co
 func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	cd := p.Candidates[c.Index]
 	bs := p.Model.BlockSize
-	r.o.Metrics.PromptTokens.WithLabelValues(p.Model.Name).Add(float64(len(p.IDs)))
-	r.o.Metrics.MatchedTokens.WithLabelValues(p.Model.Name, "GPU").Add(float64(cd.GPUBlocks * bs))
-	r.o.Metrics.MatchedTokens.WithLabelValues(p.Model.Name, "CPU").Add(float64(cd.CPUBlocks * bs))
+	tc := r.tokenCounters(p.Model.Name)
+	tc.prompt.Add(float64(len(p.IDs)))
+	tc.gpu.Add(float64(cd.GPUBlocks * bs))
+	tc.cpu.Add(float64(cd.CPUBlocks * bs))
 	if r.o.Index == nil || len(p.Keys) == 0 || !r.storeUp() {
 		return
 	}
@@ -597,6 +600,21 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 		}
 		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
 	}()
+}
+
+// tokenCounters are one model's children of kvgate_prompt_tokens_total and kvgate_matched_tokens_total.
+type tokenCounters struct{ prompt, gpu, cpu prometheus.Counter }
+
+// tokenCounters returns model's counters, resolving them on first use.
+func (r *Router) tokenCounters(model string) *tokenCounters {
+	if v, ok := r.tokens.Load(model); ok {
+		return v.(*tokenCounters)
+	}
+	m := r.o.Metrics
+	tc := &tokenCounters{prompt: m.PromptTokens.WithLabelValues(model),
+		gpu: m.MatchedTokens.WithLabelValues(model, "GPU"), cpu: m.MatchedTokens.WithLabelValues(model, "CPU")}
+	v, _ := r.tokens.LoadOrStore(model, tc)
+	return v.(*tokenCounters)
 }
 
 // Renew extends c's store lease by the lease TTL; the server calls it every TTL/3 on long responses. A claim

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tidwall/gjson"
 
@@ -86,6 +87,17 @@ type Server struct {
 	base    context.Context
 	stop    context.CancelFunc
 	modelsJ []byte
+	// total is the StageTotal observer, resolved once (WithLabelValues hashes and locks on every call).
+	total prometheus.Observer
+	// requests caches kvgate_requests_total children by requestKey (a per-request WithLabelValues hashes
+	// three labels and formats the status).
+	requests sync.Map
+}
+
+// requestKey names one kvgate_requests_total child.
+type requestKey struct {
+	model, endpoint string
+	status          int
 }
 
 // New builds the Fiber app.
@@ -117,6 +129,7 @@ func New(o Options) *Server {
 		return sendError(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "", "not_found", "No route for %s %s.", c.Method(), c.Path()))
 	})
 	s.modelsJ = s.modelsJSON()
+	s.total = o.Metrics.Stage.WithLabelValues(metrics.StageTotal)
 	return s
 }
 
@@ -240,7 +253,8 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	return c.JSON(body)
 }
 
-// watch cancels cancel when the client connection closes; stop ends the watch.
+// watch cancels cancel when the client connection closes; stop ends the watch. The poll runs on a timer
+// callback every DisconnectPoll, not on a goroutine per request (see RATIONALE.md "Per-request overhead").
 func watch(conn net.Conn, cancel context.CancelFunc) (stop func()) {
 	if conn == nil {
 		return func() {}
@@ -248,24 +262,45 @@ func watch(conn net.Conn, cancel context.CancelFunc) (stop func()) {
 	if _, ok := peerClosed(conn); !ok {
 		return func() {}
 	}
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(DisconnectPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if closed, _ := peerClosed(conn); closed {
-					cancel()
-					return
-				}
-			}
+	return every(DisconnectPoll, func() bool {
+		if closed, _ := peerClosed(conn); closed {
+			cancel()
+			return false
 		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(done) }) }
+		return true
+	})
+}
+
+// every calls f every d on a timer callback (no goroutine in between) until f returns false or stop is
+// called. A call already due when stop is called may still run once; none is scheduled after it.
+func every(d time.Duration, f func() bool) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(d, func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if !f() {
+			return
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(d)
+		}
+		mu.Unlock()
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+	}
 }
 
 // clientHeaders copies the request headers to forward.
@@ -335,7 +370,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				log.Warn("cannot build the engine request body", slog.String("endpoint_id", cand.ID), slog.String("error", berr.Error()))
 				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
-			s.o.Metrics.Stage.WithLabelValues(metrics.StageTotal).Observe(time.Since(start).Seconds())
+			s.total.Observe(time.Since(start).Seconds())
 			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, hdr, dropAuth)
 			if err == nil {
 				break
@@ -358,26 +393,17 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		}
 		epID := plan.Candidates[claim.Index].ID
 		// Renew the lease while the response runs.
-		renewDone := make(chan struct{})
-		go func() {
-			t := time.NewTicker(max(s.o.Router.LeaseTTL()/3, 100*time.Millisecond))
-			defer t.Stop()
-			for {
-				select {
-				case <-renewDone:
-					return
-				case <-t.C:
-					if err := s.o.Router.Renew(ctx, claim); err != nil && ctx.Err() == nil {
-						log.Warn("lease renewal failed", slog.String("endpoint_id", epID), slog.String("error", err.Error()))
-					}
-				}
+		stopRenew := every(max(s.o.Router.LeaseTTL()/3, 100*time.Millisecond), func() bool {
+			if err := s.o.Router.Renew(ctx, claim); err != nil && ctx.Err() == nil {
+				log.Warn("lease renewal failed", slog.String("endpoint_id", epID), slog.String("error", err.Error()))
 			}
-		}()
+			return true
+		})
 		var closeOnce sync.Once
 		// finish ends the request once; a client that went away is counted as StatusClientClosed.
 		finish := func(status int, disconnected bool) {
 			closeOnce.Do(func() {
-				close(renewDone)
+				stopRenew()
 				stopWatch()
 				cancel()
 				resp.Body.Close()
@@ -490,7 +516,14 @@ func (s *Server) modelLabel(name string) string {
 
 // count adds one finished client request to kvgate_requests_total.
 func (s *Server) count(model, endpoint string, status int) {
-	s.o.Metrics.Requests.WithLabelValues(model, endpoint, strconv.Itoa(status)).Inc()
+	k := requestKey{model, endpoint, status}
+	if c, ok := s.requests.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := s.o.Metrics.Requests.WithLabelValues(model, endpoint, strconv.Itoa(status))
+	s.requests.Store(k, c)
+	c.Inc()
 }
 
 // isGeneratePath says whether a normalized path is one of the generation APIs (the requests
