@@ -148,7 +148,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
 			rm.Endpoints = append(rm.Endpoints, route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
-				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens}})
+				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens},
+				Events: e.KVEvents != ""})
 			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL})
 		}
 		var ids []string

@@ -75,6 +75,9 @@ type Endpoint struct {
 	Engine string
 	URL    string
 	Limits kvstore.Limits
+	// Events says the endpoint's KV events feed the index (it has a kv_events address). Record then writes
+	// speculative entries only past the prefix the index already matched on it (see Record).
+	Events bool
 }
 
 // Model is one served model as the router sees it.
@@ -577,7 +580,8 @@ func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, co
 }
 
 // Record counts the routed prompt and matched tokens and writes the plan's block keys as a speculative entry
-// for the claimed endpoint, in the background (best effort; a store error marks the store down).
+// for the claimed endpoint, in the background (best effort; a store error marks the store down). For an
+// endpoint with Events, only the keys past its matched GPU prefix are written.
 func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	cd := p.Candidates[c.Index]
 	bs := p.Model.BlockSize
@@ -591,6 +595,16 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	// Off the request's critical path: the entry only has to beat the engine's own events (tens of ms),
 	// and it must be written even if the request ends first.
 	model, ep, keys := p.Model.Name, c.ep, p.Keys
+	if cd.Events && cd.GPUBlocks > 0 {
+		// The matched GPU prefix is in the index already, confirmed by the engine's events or speculative
+		// from a request whose events are on their way: re-recording it would only cost a shard lock per
+		// block (most of a warm request's blocks). Endpoints without events keep refreshing it, since
+		// speculative entries are all the index knows of them. RATIONALE.md "Per-request overhead".
+		keys = keys[min(cd.GPUBlocks, len(keys)):]
+		if len(keys) == 0 {
+			return
+		}
+	}
 	go func() {
 		start := r.o.Now()
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -1,0 +1,75 @@
+package route
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+// recordingIndex passes everything to a MemoryIndex and reports the keys of each Record call.
+type recordingIndex struct {
+	*kvstore.MemoryIndex
+	got chan []kvstore.BlockKey
+}
+
+func (r recordingIndex) Record(ctx context.Context, model string, ep kvstore.EndpointID, keys []kvstore.BlockKey, ttl time.Duration) error {
+	r.got <- slices.Clone(keys)
+	return r.MemoryIndex.Record(ctx, model, ep, keys, ttl)
+}
+
+// Record writes only the keys past the matched GPU prefix for an endpoint whose events feed the index, and
+// every key for one without events (its speculative entries are all the index knows of it).
+func TestRecordSkipsMatchedPrefixWithEvents(t *testing.T) {
+	for _, events := range []bool{true, false} {
+		eps := fakeEngines(t, 1)
+		eps[0].Events = events
+		idx := recordingIndex{kvstore.NewMemoryIndex(kvstore.MemoryConfig{}), make(chan []kvstore.BlockKey, 1)}
+		r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil), nil)
+		body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"` + strings.Repeat("refund rules for damaged items ", 40) + `"}]}`)
+		req, err := openai.ParseRequest(openai.Chat, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		p, err := r.Plan(ctx, m, "", req, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Keys) < 4 {
+			t.Fatalf("only %d block keys", len(p.Keys))
+		}
+		half := len(p.Keys) / 2
+		if err := idx.Add(ctx, "qwen3", "e0", kvstore.TierGPU, p.Keys[:half]); err != nil {
+			t.Fatal(err)
+		}
+		if p, err = r.Plan(ctx, m, "", req, body); err != nil {
+			t.Fatal(err)
+		}
+		c, err := r.Reserve(ctx, p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Candidates[c.Index].GPUBlocks != half {
+			t.Fatalf("matched %d blocks, want %d", p.Candidates[c.Index].GPUBlocks, half)
+		}
+		r.Record(ctx, p, c)
+		r.Release(c)
+		want := p.Keys
+		if events {
+			want = p.Keys[half:]
+		}
+		select {
+		case got := <-idx.got:
+			if !slices.Equal(got, want) {
+				t.Fatalf("events=%v: recorded %d keys, want the %d from block %d", events, len(got), len(want), len(p.Keys)-len(want))
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("events=%v: nothing recorded", events)
+		}
+	}
+}
