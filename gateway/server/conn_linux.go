@@ -7,6 +7,13 @@ import (
 	"syscall"
 )
 
+// canPoll says whether peerClosed works on conn (a socket with a file descriptor), without a system call:
+// watch asks this once per request.
+func canPoll(conn net.Conn) bool {
+	_, ok := conn.(syscall.Conn)
+	return ok
+}
+
 // peerClosed reports whether the client closed its side of conn, without consuming any byte: a
 // non-blocking MSG_PEEK recv returns 0 bytes at end of stream, EAGAIN while the connection is open and idle,
 // and >0 when the client sent more (a pipelined request: still connected). See gateway/RATIONALE.md.

@@ -259,7 +259,7 @@ func watch(conn net.Conn, cancel context.CancelFunc) (stop func()) {
 	if conn == nil {
 		return func() {}
 	}
-	if _, ok := peerClosed(conn); !ok {
+	if !canPoll(conn) {
 		return func() {}
 	}
 	return every(DisconnectPoll, func() bool {
