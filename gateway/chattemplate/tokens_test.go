@@ -11,7 +11,7 @@ import (
 )
 
 // needModel returns the directory of a reference model fetched by `make models`; a missing model skips the
-// test, or fails it when CI=true (internal/testenv.ModelDir).
+// test, or fails it when CI=true (tests/testenv.ModelDir).
 func needModel(t *testing.T, model string) string { t.Helper(); return testenv.ModelDir(t, model) }
 
 // TestRenderTokenIDs encodes every reference render (add_special_tokens=false, as vLLM encodes chat

@@ -17,11 +17,11 @@ import (
 	"github.com/kvgate/kvgate/tests/testenv"
 )
 
-// repoRoot is the directory holding go.mod (internal/testenv.RepoRoot).
+// repoRoot is the directory holding go.mod (tests/testenv.RepoRoot).
 func repoRoot(t testing.TB) string { t.Helper(); return testenv.RepoRoot(t) }
 
 // modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); a missing model skips
-// the test, or fails it when CI=true (internal/testenv.ModelDir).
+// the test, or fails it when CI=true (tests/testenv.ModelDir).
 func modelDir(t testing.TB, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 var (

@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a single server on a free loopback port
 // (Start) and a Redis Cluster of N masters (StartCluster). Servers run with persistence off and are killed
 // when the test ends. When redis-server is not on PATH the test is skipped, or fails when the environment
-// variable CI is "true" (internal/testenv.Command).
+// variable CI is "true" (tests/testenv.Command).
 package redistest
 
 import (
