@@ -87,7 +87,10 @@ type guest struct {
 	policy  Policy
 	snap    Snapshot
 	ranking Ranking
-	seen    []bool
+	// seen[v] == gen marks index v as used by the current call; gen advances per call, so the marks
+	// need no clearing pass (one guest loop fewer per call; cleared only when gen wraps).
+	seen []uint32
+	gen  uint32
 }
 
 var registered guest
@@ -105,7 +108,7 @@ func Register(p Policy) {
 		policy:  p,
 		snap:    Snapshot{Endpoints: make([]Endpoint, 0, 64)},
 		ranking: Ranking{idx: make([]uint32, 0, 64)},
-		seen:    make([]bool, 64),
+		seen:    make([]uint32, 64),
 	}
 }
 
@@ -150,8 +153,14 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 		g.ranking.idx = make([]uint32, 0, ne)
 	}
 	if len(g.seen) < ne {
-		g.seen = make([]bool, ne)
+		g.seen = make([]uint32, ne)
 	}
+	g.gen++
+	if g.gen == 0 {
+		clear(g.seen)
+		g.gen = 1
+	}
+	gen := g.gen
 	g.ranking.Reset()
 	if err := g.policy.Choose(&g.snap, &g.ranking); err != nil {
 		return ErrCodePolicy
@@ -164,17 +173,12 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 	}
 	code = int32(len(idx))
 	for k, v := range idx {
-		if int64(v) >= int64(ne) || g.seen[v] {
+		if int64(v) >= int64(ne) || g.seen[v] == gen {
 			code = ErrCodeInvalidRanking
 			break
 		}
-		g.seen[v] = true
+		g.seen[v] = gen
 		binary.LittleEndian.PutUint32(buf[4*k:], v)
-	}
-	for _, v := range idx {
-		if int64(v) < int64(ne) {
-			g.seen[v] = false
-		}
 	}
 	return code
 }

@@ -301,3 +301,25 @@ func TestDecodePortable(t *testing.T) {
 	TestDecodeGolden(t)
 	TestDecodeNewerMinor(t)
 }
+
+// TestChooseSeenGenerations: the duplicate check's per-call marks stay correct across many calls on one
+// guest and across the generation counter's wrap (an old call's marks must not reject a valid ranking,
+// and a duplicate must still be caught).
+func TestChooseSeenGenerations(t *testing.T) {
+	ok := &guest{policy: reverse{}}
+	bad := &guest{policy: dup{}}
+	buf := golden()
+	for _, start := range []uint32{0, 1<<32 - 3} {
+		ok.gen, bad.gen = start, start
+		for call := range 6 {
+			work := slices.Clone(buf)
+			if code := ok.handleChoose(work, len(buf)); code != 2 {
+				t.Fatalf("gen start %d call %d: valid ranking got code %d", start, call, code)
+			}
+			work = slices.Clone(buf)
+			if code := bad.handleChoose(work, len(buf)); code != ErrCodeInvalidRanking {
+				t.Fatalf("gen start %d call %d: duplicate got code %d", start, call, code)
+			}
+		}
+	}
+}

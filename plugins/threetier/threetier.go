@@ -75,7 +75,6 @@ type item struct {
 	load uint64  // lower first
 	key  uint64  // seeded tie-break, lower first
 	idx  uint32
-	over bool // load − min load exceeds ImbalanceThreshold
 }
 
 // maxRateBits is the bit pattern every non-negative finite match rate's bits are at most.
@@ -174,7 +173,6 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 			items = items[:len(items)+1]
 		}
 		it := &items[len(items)-1]
-		it.hi, it.over = 0, false
 		it.rate = MatchRate(e.GPUBlocks, e.CPUBlocks, req.BlockSize, req.PromptTokens, cfg.CPUWeight)
 		it.load = load
 		it.key = sdk.TieKey(req.Seed, e.Index)
@@ -184,16 +182,22 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	if len(items) == 0 {
 		return out, TierNone
 	}
+	// One pass marks overload, fills perm and sets hi as the affinity branch (the common one) wants it;
+	// the other branches rewrite hi. Every guest loop iteration counts.
 	bestFree, bestOver := -1.0, -1.0
+	perm := r.perm[:0]
 	for i := range items {
 		it := &items[i]
 		if float64(it.load-minLoad) > cfg.ImbalanceThreshold {
-			it.over = true
+			it.hi = 1 << 63
 			bestOver = max(bestOver, it.rate)
 		} else {
+			it.hi = maxRateBits - math.Float64bits(it.rate)
 			bestFree = max(bestFree, it.rate)
 		}
+		perm = append(perm, uint32(i))
 	}
+	r.perm = perm
 	var tier Tier
 	switch {
 	case bestFree >= cfg.MatchThreshold:
@@ -212,22 +216,10 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 		items[a].hi, items[b].hi = 0, 0
 	default:
 		tier = TierMiss
-	}
-	if tier == TierAffinity {
 		for i := range items {
-			it := &items[i]
-			if it.over {
-				it.hi = 1 << 63
-			} else {
-				it.hi = maxRateBits - math.Float64bits(it.rate)
-			}
+			items[i].hi = 0
 		}
 	}
-	perm := r.perm[:0]
-	for i := range items {
-		perm = append(perm, uint32(i))
-	}
-	r.perm = perm
 	sortPerm(perm, items)
 	for _, p := range perm {
 		out = append(out, items[p].idx)
