@@ -7,11 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
@@ -109,7 +109,7 @@ func (r *tokenizeRun) text(in io.Reader) error {
 	if err := r.loadTokenizer(); err != nil {
 		return err
 	}
-	r.out.Write(appendIDs(nil, r.tok.Encode(string(b), r.special)))
+	r.out.Write(openai.AppendIDs(nil, r.tok.Encode(string(b), r.special)))
 	r.out.WriteByte('\n')
 	return nil
 }
@@ -151,7 +151,7 @@ func (r *tokenizeRun) jsonLines(in io.Reader) error {
 		if err := json.Unmarshal(line, &probe); err != nil {
 			out, ok = errorLine(fmt.Errorf("invalid JSON: %w", err)), false
 		} else if probe.Text != nil {
-			out = append(appendIDs([]byte(`{"ids":`), r.tok.Encode(*probe.Text, r.special)), '}')
+			out = append(openai.AppendIDs([]byte(`{"ids":`), r.tok.Encode(*probe.Text, r.special)), '}')
 		} else {
 			out, ok = r.chatLine(line)
 		}
@@ -183,24 +183,12 @@ func (r *tokenizeRun) chatLine(body []byte) ([]byte, bool) {
 	out := []byte(`{"prompt":`)
 	out = appendJSONString(out, prompt)
 	out = append(out, `,"ids":`...)
-	out = appendIDs(out, ids)
+	out = openai.AppendIDs(out, ids)
 	return append(out, '}'), true
 }
 
 func errorLine(err error) []byte {
 	return append(appendJSONString([]byte(`{"error":`), err.Error()), '}')
-}
-
-// appendIDs appends ids as a compact JSON array.
-func appendIDs(dst []byte, ids []uint32) []byte {
-	dst = append(dst, '[')
-	for i, id := range ids {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = strconv.AppendUint(dst, uint64(id), 10)
-	}
-	return append(dst, ']')
 }
 
 // appendJSONString appends s as a JSON string without HTML escaping (prompts are full of '<' and '>').
