@@ -12,20 +12,7 @@ for c = 2, #KEYS, 1000 do
   local mset = {}
   for k = c, last do
     local s = vals[k - c + 1]
-    local a, b, old = nil, nil, nil
-    if s then
-      local p = 1
-      while true do
-        local i = string.find(s, pre, p, true)
-        if not i then break end
-        if i == 1 or string.byte(s, i - 1) == 10 then
-          local j = string.find(s, '\n', i, true)
-          if j then a, b, old = i, j, tonumber(string.sub(s, i + #pre, j - 1)) end
-          break
-        end
-        p = i + 1
-      end
-    end
+    local a, b, old = find(s, pre)
     if not a then
       mset[#mset + 1] = KEYS[k]
       mset[#mset + 1] = s and (s .. fresh) or fresh

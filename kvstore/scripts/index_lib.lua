@@ -6,6 +6,22 @@ local function num(v)
   if v < 1e14 then return tostring(v) end
   return string.format('%.0f', v)
 end
+-- find locates the record of the endpoint whose prefix is pre ("<endpoint>\t") in block string s: its first and
+-- last byte (the '\n') and its value; nil, nil, nil when s is nil or holds no record of that endpoint.
+local function find(s, pre)
+  if not s then return nil, nil, nil end
+  local p = 1
+  while true do
+    local i = string.find(s, pre, p, true)
+    if not i then return nil, nil, nil end
+    if i == 1 or string.byte(s, i - 1) == 10 then
+      local j = string.find(s, '\n', i, true)
+      if j then return i, j, tonumber(string.sub(s, i + #pre, j - 1)) end
+      return nil, nil, nil
+    end
+    p = i + 1
+  end
+end
 -- update applies f(v or nil, i) -> new v (0 or nil drops the record) to ep's record in each block key
 -- keys[from..], i counting from 1. Reads with one MGET and writes with one MSET and one DEL per chunk of
 -- 1000 keys; records are edited as strings (no tables per block).
@@ -17,20 +33,7 @@ local function update(keys, from, ep, f)
     local mset, dels = {}, {}
     for k = c, last do
       local s = vals[k - c + 1]
-      local a, b, old = nil, nil, nil
-      if s then
-        local p = 1
-        while true do
-          local i = string.find(s, pre, p, true)
-          if not i then break end
-          if i == 1 or string.byte(s, i - 1) == 10 then
-            local j = string.find(s, '\n', i, true)
-            if j then a, b, old = i, j, tonumber(string.sub(s, i + #pre, j - 1)) end
-            break
-          end
-          p = i + 1
-        end
-      end
+      local a, b, old = find(s, pre)
       local nv = f(old, k - from + 1)
       if nv ~= old and not (old == nil and (nv == nil or nv <= 0)) then
         local rec = ''
