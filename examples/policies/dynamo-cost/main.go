@@ -12,6 +12,7 @@
 package main
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/kvgate/kvgate/sdk"
@@ -48,20 +49,9 @@ func (p *Policy) Init(config []byte) error {
 	)
 }
 
-func cmp(a, b item) int {
-	switch {
-	case a.cost != b.cost:
-		if a.cost < b.cost {
-			return -1
-		}
-		return 1
-	case a.key != b.key:
-		if a.key < b.key {
-			return -1
-		}
-		return 1
-	}
-	return int(a.idx) - int(b.idx)
+// order ranks lower cost first, then the tie key, then the index.
+func order(a, b item) int {
+	return cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
 }
 
 // Choose ranks the healthy endpoints by cost.
@@ -84,7 +74,7 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 		cost := float64(c.PrefillLoadScale*max(prefill+blocks-credit, 0)) + float64(e.Running) + (blocks - matched)
 		p.items = append(p.items, item{cost: cost, key: sdk.TieKey(req.Seed, e.Index), idx: e.Index})
 	}
-	slices.SortFunc(p.items, cmp)
+	slices.SortFunc(p.items, order)
 	for _, it := range p.items {
 		r.Add(it.idx)
 	}

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/kvgate/kvgate/sdk"
@@ -20,21 +21,9 @@ type Policy struct {
 	items []item
 }
 
-func cmp(a, b item) int {
-	switch {
-	case a.load != b.load:
-		return compare(a.load, b.load)
-	case a.key != b.key:
-		return compare(a.key, b.key)
-	}
-	return int(a.idx) - int(b.idx)
-}
-
-func compare(a, b uint64) int {
-	if a < b {
-		return -1
-	}
-	return 1
+// order ranks lower load first, then the tie key, then the index.
+func order(a, b item) int {
+	return cmp.Or(cmp.Compare(a.load, b.load), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
 }
 
 // Choose ranks the healthy endpoints by load, then tie key.
@@ -47,7 +36,7 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 				key: sdk.TieKey(s.Request.Seed, e.Index), idx: e.Index})
 		}
 	}
-	slices.SortFunc(p.items, cmp)
+	slices.SortFunc(p.items, order)
 	for _, it := range p.items {
 		r.Add(it.idx)
 	}

@@ -12,6 +12,7 @@
 package main
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/kvgate/kvgate/sdk"
@@ -50,20 +51,9 @@ func (p *Policy) Init(config []byte) error {
 	)
 }
 
-func cmp(a, b item) int {
-	switch {
-	case a.score != b.score:
-		if a.score > b.score {
-			return -1
-		}
-		return 1
-	case a.key != b.key:
-		if a.key < b.key {
-			return -1
-		}
-		return 1
-	}
-	return int(a.idx) - int(b.idx)
+// order ranks the higher score first, then the tie key, then the index.
+func order(a, b item) int {
+	return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
 }
 
 // Choose scores and ranks the healthy endpoints.
@@ -103,7 +93,7 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 		score := float64(c.PrefixWeight*prefix) + float64(c.QueueWeight*queue) + float64(c.KVWeight*kv)
 		p.items = append(p.items, item{score: score, key: sdk.TieKey(req.Seed, e.Index), idx: e.Index})
 	}
-	slices.SortFunc(p.items, cmp)
+	slices.SortFunc(p.items, order)
 	for _, it := range p.items {
 		r.Add(it.idx)
 	}

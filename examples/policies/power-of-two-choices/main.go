@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/kvgate/kvgate/sdk"
@@ -22,22 +23,10 @@ type Policy struct {
 	items []item
 }
 
-func cmp(a, b item) int {
-	switch {
-	case a.group != b.group:
-		return int(a.group) - int(b.group)
-	case a.load != b.load:
-		if a.load < b.load {
-			return -1
-		}
-		return 1
-	case a.key != b.key:
-		if a.key < b.key {
-			return -1
-		}
-		return 1
-	}
-	return int(a.idx) - int(b.idx)
+// order ranks by group, then lower load, then the tie key, then the index.
+func order(a, b item) int {
+	return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(a.load, b.load), cmp.Compare(a.key, b.key),
+		cmp.Compare(a.idx, b.idx))
 }
 
 // Choose draws two distinct healthy endpoints and ranks them first, less loaded first.
@@ -62,7 +51,7 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 		}
 		p.items[a].group, p.items[b].group = 0, 0
 	}
-	slices.SortFunc(p.items, cmp)
+	slices.SortFunc(p.items, order)
 	for _, it := range p.items {
 		r.Add(it.idx)
 	}

@@ -16,6 +16,7 @@
 package main
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/kvgate/kvgate/sdk"
@@ -53,33 +54,14 @@ func (p *Policy) Init(config []byte) error {
 	)
 }
 
+// cmpRest ranks by group, then the higher match rate, then as cmpLoad.
 func cmpRest(a, b item) int {
-	switch {
-	case a.group != b.group:
-		return int(a.group) - int(b.group)
-	case a.rate != b.rate:
-		if a.rate > b.rate {
-			return -1
-		}
-		return 1
-	}
-	return cmpLoad(a, b)
+	return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(b.rate, a.rate), cmpLoad(a, b))
 }
 
+// cmpLoad ranks lower load first, then the tie key, then the index.
 func cmpLoad(a, b item) int {
-	switch {
-	case a.load != b.load:
-		if a.load < b.load {
-			return -1
-		}
-		return 1
-	case a.key != b.key:
-		if a.key < b.key {
-			return -1
-		}
-		return 1
-	}
-	return int(a.idx) - int(b.idx)
+	return cmp.Or(cmp.Compare(a.load, b.load), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
 }
 
 // better reports whether a is a better affinity pick than b (rate, then load, then key).
