@@ -1,14 +1,16 @@
 package harness
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"math"
+	"maps"
 	"net/http"
 	"strconv"
-	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Sample is one line of a Prometheus text exposition: metric name, labels and value.
@@ -53,102 +55,55 @@ func (x Sample) has(match []string) bool {
 	return true
 }
 
-// ParseMetrics reads a Prometheus text exposition (format 0.0.4): comments and blank lines are skipped,
-// label values are unquoted (\\, \", \n escapes). A malformed sample line is an error naming the line.
+// ParseMetrics reads a Prometheus text exposition (format 0.0.4) with prometheus/common's own parser and
+// flattens it into samples as they appear on the page: counters, gauges and untyped metrics by their name,
+// histograms as name_bucket{le}, name_sum and name_count, summaries as name{quantile}, name_sum and
+// name_count. A malformed page is an error.
 func ParseMetrics(r io.Reader) (Samples, error) {
-	var out Samples
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	n := 0
-	for sc.Scan() {
-		n++
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		s, err := parseSample(line)
-		if err != nil {
-			return nil, fmt.Errorf("harness: metrics line %d: %w", n, err)
-		}
-		out = append(out, s)
-	}
-	return out, sc.Err()
-}
-
-func parseSample(line string) (Sample, error) {
-	s := Sample{Labels: map[string]string{}}
-	i := strings.IndexAny(line, "{ \t")
-	if i <= 0 {
-		return s, fmt.Errorf("no value in %q", line)
-	}
-	s.Name = line[:i]
-	rest := line[i:]
-	if rest[0] == '{' {
-		rest = rest[1:]
-		for {
-			rest = strings.TrimLeft(rest, " ,")
-			if rest == "" {
-				return s, fmt.Errorf("unterminated labels in %q", line)
-			}
-			if rest[0] == '}' {
-				rest = rest[1:]
-				break
-			}
-			eq := strings.IndexByte(rest, '=')
-			if eq <= 0 || eq+1 >= len(rest) || rest[eq+1] != '"' {
-				return s, fmt.Errorf("bad label in %q", line)
-			}
-			key := strings.TrimSpace(rest[:eq])
-			rest = rest[eq+2:]
-			var val strings.Builder
-			closed := false
-			for j := 0; j < len(rest); j++ {
-				c := rest[j]
-				if c == '\\' && j+1 < len(rest) {
-					j++
-					switch rest[j] {
-					case 'n':
-						val.WriteByte('\n')
-					default:
-						val.WriteByte(rest[j])
-					}
-					continue
-				}
-				if c == '"' {
-					rest = rest[j+1:]
-					closed = true
-					break
-				}
-				val.WriteByte(c)
-			}
-			if !closed {
-				return s, fmt.Errorf("unterminated label value in %q", line)
-			}
-			s.Labels[key] = val.String()
-		}
-	}
-	f := strings.Fields(rest)
-	if len(f) < 1 {
-		return s, fmt.Errorf("no value in %q", line)
-	}
-	v, err := parseValue(f[0])
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return s, fmt.Errorf("value in %q: %w", line, err)
+		return nil, fmt.Errorf("harness: metrics: %w", err)
 	}
-	s.Value = v
-	return s, nil
-}
-
-func parseValue(s string) (float64, error) {
-	switch s {
-	case "+Inf":
-		return math.Inf(1), nil
-	case "-Inf":
-		return math.Inf(-1), nil
-	case "NaN":
-		return math.NaN(), nil
+	var out Samples
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			labels := make(map[string]string, len(m.GetLabel())+1)
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			with := func(k, v string) map[string]string {
+				c := maps.Clone(labels)
+				c[k] = v
+				return c
+			}
+			switch f.GetType() {
+			case dto.MetricType_COUNTER:
+				out = append(out, Sample{Name: name, Labels: labels, Value: m.GetCounter().GetValue()})
+			case dto.MetricType_GAUGE:
+				out = append(out, Sample{Name: name, Labels: labels, Value: m.GetGauge().GetValue()})
+			case dto.MetricType_HISTOGRAM:
+				h := m.GetHistogram()
+				for _, b := range h.GetBucket() {
+					le := strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)
+					out = append(out, Sample{Name: name + "_bucket", Labels: with("le", le), Value: float64(b.GetCumulativeCount())})
+				}
+				out = append(out, Sample{Name: name + "_sum", Labels: labels, Value: h.GetSampleSum()},
+					Sample{Name: name + "_count", Labels: labels, Value: float64(h.GetSampleCount())})
+			case dto.MetricType_SUMMARY:
+				sm := m.GetSummary()
+				for _, q := range sm.GetQuantile() {
+					qs := strconv.FormatFloat(q.GetQuantile(), 'g', -1, 64)
+					out = append(out, Sample{Name: name, Labels: with("quantile", qs), Value: q.GetValue()})
+				}
+				out = append(out, Sample{Name: name + "_sum", Labels: labels, Value: sm.GetSampleSum()},
+					Sample{Name: name + "_count", Labels: labels, Value: float64(sm.GetSampleCount())})
+			default:
+				out = append(out, Sample{Name: name, Labels: labels, Value: m.GetUntyped().GetValue()})
+			}
+		}
 	}
-	return strconv.ParseFloat(s, 64)
+	return out, nil
 }
 
 // ScrapeMetrics GETs url and parses the exposition.

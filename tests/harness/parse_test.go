@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -105,22 +104,6 @@ func TestParseProcStat(t *testing.T) {
 	if _, err := ParseProcStat(b); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func FuzzParseMetrics(f *testing.F) {
-	f.Add([]byte("a 1\n"))
-	f.Add([]byte(`m{l="v",k="w\"\\"} 2.5` + "\n# c\n\nx +Inf 17\n"))
-	f.Fuzz(func(t *testing.T, page []byte) {
-		s, err := ParseMetrics(bytes.NewReader(page))
-		if err != nil {
-			return
-		}
-		for _, x := range s {
-			if x.Name == "" || strings.ContainsAny(x.Name, "{ \t") {
-				t.Fatalf("bad name %q from %q", x.Name, page)
-			}
-		}
-	})
 }
 
 func FuzzParseProcStat(f *testing.F) {
