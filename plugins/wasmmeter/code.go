@@ -1,0 +1,333 @@
+package wasmmeter
+
+// code rewrites the code section: each body gets the fuel check after its locals (unless it starts with
+// `loop`) and after every loop's block type, and its call and ref.func indices renumbered. Unchanged
+// instruction bytes are copied in runs.
+func (m *module) code(out []byte, s section) ([]byte, *Error) {
+	b := m.in[:s.end]
+	n, p := readU32(b, s.start, s.end)
+	if p < 0 {
+		return nil, malformed(s.start, "bad code count")
+	}
+	if n != m.definedFuncs {
+		return nil, malformed(s.start, "%d bodies for %d functions", n, m.definedFuncs)
+	}
+	out = append(out, secCode)
+	sizeAt := len(out)
+	out = append(out, 0, 0, 0, 0, 0) // section size, fixed up below
+	out = appendU32(out, n)
+	for i := uint32(0); i < n; i++ {
+		at := p
+		size, q := readU32(b, p, s.end)
+		if q < 0 || int(size) > s.end-q {
+			return nil, malformed(at, "body %d size", i)
+		}
+		bodyAt := len(out)
+		out = append(out, 0, 0, 0, 0, 0)
+		var err *Error
+		if out, err = m.body(out, b, q, q+int(size)); err != nil {
+			return nil, err
+		}
+		out = fixSize(out, bodyAt)
+		p = q + int(size)
+	}
+	if p != s.end {
+		return nil, malformed(p, "%d bytes after the last body", s.end-p)
+	}
+	return fixSize(out, sizeAt), nil
+}
+
+// fixSize writes the length of out[at+5:] as a minimal LEB128 at out[at:] and moves the content down
+// over the unused bytes of the 5 reserved.
+func fixSize(out []byte, at int) []byte {
+	size := len(out) - at - 5
+	enc := appendU32(make([]byte, 0, 5), uint32(size))
+	copy(out[at:], enc)
+	copy(out[at+len(enc):], out[at+5:])
+	return out[:len(out)-(5-len(enc))]
+}
+
+// body rewrites one function body b[p:end] onto out.
+func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
+	start := p
+	groups, p := readU32(b, p, end)
+	if p < 0 || uint64(groups)*2 > uint64(end-p) {
+		return nil, malformed(start, "bad local declarations")
+	}
+	for ; groups > 0; groups-- {
+		at := p
+		if _, p = readU32(b, p, end); p < 0 || p >= end {
+			return nil, malformed(at, "bad local declaration")
+		}
+		switch t := b[p]; t {
+		case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
+		case 0x63, 0x64:
+			return nil, unsupported(p, "typed reference local %#x (function references)", t)
+		default:
+			return nil, malformed(p, "local type %#x", t)
+		}
+		p++
+	}
+	out = append(out, b[start:p]...)
+	if p < end && b[p] != 0x03 {
+		out = append(out, m.check...)
+	}
+	run := p // start of the bytes not yet copied
+	for p < end {
+		at := p
+		op := b[p]
+		p++
+		if op >= 0x45 && op <= 0xc4 { // numeric instructions without immediates: the most frequent
+			continue
+		}
+		switch op {
+		case 0x00, 0x01, 0x05, 0x0b, 0x0f, 0x1a, 0x1b, 0xd1:
+		case 0x02, 0x04: // block, if
+			p = m.blockType(b, p, end)
+		case 0x03: // loop
+			if p = m.blockType(b, p, end); p >= 0 {
+				out = append(out, b[run:p]...)
+				out = append(out, m.check...)
+				run = p
+			}
+		case 0x0c, 0x0d, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x3f, 0x40:
+			// br, br_if, local/global access, table.get/set, memory.size/grow
+			p = skipLEB(b, p, end, 5)
+		case 0x0e: // br_table
+			var n uint32
+			if n, p = readU32(b, p, end); p >= 0 {
+				if uint64(n) >= uint64(end-p) {
+					p = -1
+				}
+				for k := uint32(0); k <= n && p >= 0; k++ {
+					p = skipLEB(b, p, end, 5)
+				}
+			}
+		case 0x10, 0xd2: // call, ref.func
+			f, q := readU32(b, p, end)
+			if q < 0 {
+				p = -1
+				break
+			}
+			idx, err := m.remap(f, p)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, b[run:p]...)
+			out = appendU32(out, idx)
+			p, run = q, q
+		case 0x28, 0x29, 0x2a, 0x2b, 0x2c, 0x2d, 0x2e, 0x2f, 0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38,
+			0x39, 0x3a, 0x3b, 0x3c, 0x3d, 0x3e: // loads and stores
+			p = memarg(b, p, end)
+		case 0x11: // call_indirect typeidx tableidx
+			if p = skipLEB(b, p, end, 5); p >= 0 {
+				p = skipLEB(b, p, end, 5)
+			}
+		case 0x1c: // select t*
+			var n uint32
+			if n, p = readU32(b, p, end); p >= 0 {
+				if uint64(n) > uint64(end-p) {
+					p = -1
+					break
+				}
+				for k := uint32(0); k < n; k++ {
+					switch b[p] {
+					case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
+					default:
+						return nil, malformed(p, "select type %#x", b[p])
+					}
+					p++
+				}
+			}
+		case 0x41: // i32.const
+			p = skipLEB(b, p, end, 5)
+		case 0x42: // i64.const
+			p = skipLEB(b, p, end, 10)
+		case 0x43:
+			p = skipN(p, end, 4)
+		case 0x44:
+			p = skipN(p, end, 8)
+		case 0xd0: // ref.null t
+			if p >= end {
+				p = -1
+			} else if t := b[p]; t == 0x70 || t == 0x6f {
+				p++
+			} else {
+				return nil, unsupported(p, "ref.null heap type %#x", t)
+			}
+		case 0xfc:
+			var err *Error
+			if p, err = miscOp(b, p, end); err != nil {
+				return nil, err
+			}
+		case 0xfd:
+			var err *Error
+			if p, err = simdOp(b, p, end); err != nil {
+				return nil, err
+			}
+		case 0x06, 0x07, 0x08, 0x09, 0x0a, 0x18, 0x19, 0x1f:
+			return nil, unsupported(at, "opcode %#x (exception handling)", op)
+		case 0x12, 0x13:
+			return nil, unsupported(at, "opcode %#x (tail calls)", op)
+		case 0x14, 0x15, 0xd3, 0xd4, 0xd5, 0xd6:
+			return nil, unsupported(at, "opcode %#x (function references)", op)
+		case 0xfb:
+			return nil, unsupported(at, "opcode 0xfb (GC)")
+		case 0xfe:
+			return nil, unsupported(at, "opcode 0xfe (threads)")
+		default:
+			return nil, malformed(at, "unknown opcode %#x", op)
+		}
+		if p < 0 {
+			return nil, malformed(at, "truncated or bad immediate of opcode %#x", op)
+		}
+	}
+	return append(out, b[run:end]...), nil
+}
+
+func skipN(p, end, n int) int {
+	if p < 0 || n > end-p {
+		return -1
+	}
+	return p + n
+}
+
+// blockType skips a block type: empty (0x40), a value type, or a non-negative s33 type index.
+func (m *module) blockType(b []byte, p, end int) int {
+	if p >= end {
+		return -1
+	}
+	switch b[p] {
+	case 0x40, 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
+		return p + 1
+	}
+	v, q := readS33(b, p, end)
+	if v < 0 {
+		return -1
+	}
+	return q
+}
+
+// memarg skips align (bit 6: a memory index follows, multi-memory) and offset.
+func memarg(b []byte, p, end int) int {
+	align, p := readU32(b, p, end)
+	if p >= 0 && align&0x40 != 0 {
+		p = skipLEB(b, p, end, 5)
+	}
+	if p < 0 {
+		return -1
+	}
+	return skipLEB(b, p, end, 10)
+}
+
+// miscOp skips a 0xFC instruction: saturating truncations (0–7), bulk memory and table operations
+// (8–17).
+func miscOp(b []byte, p, end int) (int, *Error) {
+	at := p
+	sub, p := readU32(b, p, end)
+	if p < 0 {
+		return -1, nil
+	}
+	switch {
+	case sub <= 7:
+		return p, nil
+	case sub == 8 || sub == 10 || sub == 12 || sub == 14: // two indices
+		if p = skipLEB(b, p, end, 5); p < 0 {
+			return -1, nil
+		}
+		return skipLEB(b, p, end, 5), nil
+	case sub <= 17:
+		return skipLEB(b, p, end, 5), nil
+	}
+	return -1, unsupported(at-1, "opcode 0xfc %d", sub)
+}
+
+// simdOp skips a 0xFD instruction's immediates (fixed-width SIMD, opcodes 0–255).
+func simdOp(b []byte, p, end int) (int, *Error) {
+	at := p
+	sub, p := readU32(b, p, end)
+	if p < 0 {
+		return -1, nil
+	}
+	switch {
+	case sub <= 11 || sub == 92 || sub == 93: // loads, store, load_zero: memarg
+		return memarg(b, p, end), nil
+	case sub == 12 || sub == 13: // v128.const, i8x16.shuffle
+		return skipN(p, end, 16), nil
+	case sub >= 21 && sub <= 34: // extract/replace lane
+		return skipN(p, end, 1), nil
+	case sub >= 84 && sub <= 91: // load/store lane: memarg, lane
+		return skipN(memarg(b, p, end), end, 1), nil
+	case sub <= 255:
+		return p, nil
+	}
+	return -1, unsupported(at-1, "opcode 0xfd %d (relaxed SIMD or unknown)", sub)
+}
+
+// constExpr copies a constant expression from r onto out, renumbering ref.func.
+func (m *module) constExpr(r *reader, out []byte) []byte {
+	b := r.b
+	for r.err == nil {
+		at := r.pos
+		op := r.byte()
+		if r.err != nil {
+			return out
+		}
+		p := r.pos
+		switch op {
+		case 0x0b:
+			return append(out, op)
+		case 0x41:
+			p = skipLEB(b, p, len(b), 5)
+		case 0x42:
+			p = skipLEB(b, p, len(b), 10)
+		case 0x43:
+			p = skipN(p, len(b), 4)
+		case 0x44:
+			p = skipN(p, len(b), 8)
+		case 0x23:
+			p = skipLEB(b, p, len(b), 5)
+		case 0xd0:
+			if p < len(b) && (b[p] == 0x70 || b[p] == 0x6f) {
+				p++
+			} else {
+				p = -1
+			}
+		case 0xd2:
+			f, q := readU32(b, p, len(b))
+			if q < 0 {
+				p = -1
+				break
+			}
+			idx, err := m.remap(f, p)
+			if err != nil {
+				r.err, r.pos = err, len(b)
+				return out
+			}
+			out = append(out, op)
+			out = appendU32(out, idx)
+			r.pos = q
+			continue
+		case 0xfd:
+			var sub uint32
+			if sub, p = readU32(b, p, len(b)); p >= 0 && sub == 12 {
+				p = skipN(p, len(b), 16)
+			} else {
+				p = -1
+			}
+		case 0x6a, 0x6b, 0x6c, 0x7c, 0x7d, 0x7e: // extended constant expressions: left to wazero
+		default:
+			r.pos = at
+			r.fail("opcode %#x in a constant expression", op)
+			return out
+		}
+		if p < 0 {
+			r.pos = at
+			r.fail("bad constant expression")
+			return out
+		}
+		out = append(out, b[at:p]...)
+		r.pos = p
+	}
+	return out
+}
