@@ -22,9 +22,11 @@ type BlobInfo struct {
 // sees the same policies: named blobs pinned by SHA-256, one "active" value per model (for example a JSON
 // document naming the policy version and its config), and change notifications.
 //
-// Notifications are hints: a message "blob:<name>" or "active:<model>" after each change. A slow receiver
-// may miss some (the channel buffers 64 on memory; Redis pub/sub has its own buffer), and Redis pub/sub
-// delivers nothing while disconnected, so receivers should also re-read periodically.
+// Notifications are hints: a message "blob:<name>" (put or deleted) or "active:<model>" after each change;
+// receivers re-read what the hint names. Their order is not guaranteed (on Redis Cluster a PUBLISH goes to
+// any node and crosses the cluster bus). A slow receiver may miss some (the channel buffers 64 on memory;
+// Redis pub/sub has its own buffer), and Redis pub/sub delivers nothing while disconnected, so receivers
+// should also re-read periodically.
 type Blobs interface {
 	// PutBlob stores data under name; sha256hex must be the hex SHA-256 of data (ErrDigestMismatch).
 	// Putting an existing name replaces it.
@@ -33,10 +35,17 @@ type Blobs interface {
 	GetBlob(ctx context.Context, name string) (sha256hex string, data []byte, err error)
 	// ListBlobs returns every blob's name, digest and size, sorted by name.
 	ListBlobs(ctx context.Context) ([]BlobInfo, error)
+	// DeleteBlob removes the blob stored under name and notifies "blob:<name>", like PutBlob, so the other
+	// receivers re-read and find it gone. It returns ErrNotFound (and notifies nothing) when no blob has that
+	// name, ErrInvalidArgument for an empty name. Active values are not checked: a caller that must not
+	// delete a blob some model's active value names checks that first (the gateway's admin API does).
+	DeleteBlob(ctx context.Context, name string) error
 	// SetActive stores value as model's active policy value.
 	SetActive(ctx context.Context, model string, value []byte) error
 	// GetActive returns model's active value, or ErrNotFound.
 	GetActive(ctx context.Context, model string) ([]byte, error)
+	// ListActive returns every model's active value, by model (empty, not nil, when none is stored).
+	ListActive(ctx context.Context) (map[string][]byte, error)
 	// Subscribe returns a channel of change notifications, closed when ctx is done.
 	Subscribe(ctx context.Context) <-chan string
 }
@@ -157,6 +166,21 @@ func (m *MemoryBlobs) ListBlobs(context.Context) ([]BlobInfo, error) {
 	return out, nil
 }
 
+// DeleteBlob implements Blobs.
+func (m *MemoryBlobs) DeleteBlob(_ context.Context, name string) error {
+	if name == "" {
+		return fmt.Errorf("kvstore: delete blob: empty name: %w", ErrInvalidArgument)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.blobs[name]; !ok {
+		return fmt.Errorf("kvstore: delete blob %q: %w", name, ErrNotFound)
+	}
+	delete(m.blobs, name)
+	m.notify("blob:" + name)
+	return nil
+}
+
 // SetActive implements Blobs.
 func (m *MemoryBlobs) SetActive(_ context.Context, model string, value []byte) error {
 	if model == "" {
@@ -178,6 +202,17 @@ func (m *MemoryBlobs) GetActive(_ context.Context, model string) ([]byte, error)
 		return nil, fmt.Errorf("kvstore: active value of %q: %w", model, ErrNotFound)
 	}
 	return slices.Clone(v), nil
+}
+
+// ListActive implements Blobs.
+func (m *MemoryBlobs) ListActive(context.Context) (map[string][]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string][]byte, len(m.active))
+	for model, v := range m.active {
+		out[model] = slices.Clone(v)
+	}
+	return out, nil
 }
 
 // Subscribe implements Blobs.

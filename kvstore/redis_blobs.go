@@ -28,7 +28,7 @@ var (
 //	<base>{blobs}:index       HASH   blob name -> sha256 hex
 //	<base>{blobs}:d:<name>    STRING blob data
 //	<base>{blobs}:active      HASH   model -> active value
-//	<base>changes             pub/sub channel: "blob:<name>", "active:<model>"
+//	<base>changes             pub/sub channel: "blob:<name>" (put or deleted), "active:<model>"
 //	<base>{lease:<name>}      HASH   holder, token; PEXPIRE = the lease's expiry (server clock)
 //	<base>{lease:<name>}:fence STRING fencing-token counter (never expires)
 type RedisBlobs struct {
@@ -120,6 +120,29 @@ func (r *RedisBlobs) ListBlobs(ctx context.Context) ([]BlobInfo, error) {
 	return out, nil
 }
 
+// DeleteBlob implements Blobs (one MULTI/EXEC transaction, then PUBLISH on the channel PutBlob uses).
+func (r *RedisBlobs) DeleteBlob(ctx context.Context, name string) error {
+	if name == "" {
+		return fmt.Errorf("kvstore: delete blob: empty name: %w", ErrInvalidArgument)
+	}
+	var n *redis.IntCmd
+	_, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		n = p.HDel(ctx, r.k("index"), name)
+		p.Del(ctx, r.k("d:"+name))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("kvstore: redis delete blob: %w", err)
+	}
+	if n.Val() == 0 {
+		return fmt.Errorf("kvstore: delete blob %q: %w", name, ErrNotFound)
+	}
+	if err := r.c.Publish(ctx, r.base+"changes", "blob:"+name).Err(); err != nil {
+		return fmt.Errorf("kvstore: redis delete blob: notify: %w", err)
+	}
+	return nil
+}
+
 // SetActive implements Blobs.
 func (r *RedisBlobs) SetActive(ctx context.Context, model string, value []byte) error {
 	if model == "" {
@@ -144,6 +167,19 @@ func (r *RedisBlobs) GetActive(ctx context.Context, model string) ([]byte, error
 		return nil, fmt.Errorf("kvstore: redis get active: %w", err)
 	}
 	return v, nil
+}
+
+// ListActive implements Blobs (one HGETALL).
+func (r *RedisBlobs) ListActive(ctx context.Context) (map[string][]byte, error) {
+	all, err := r.c.HGetAll(ctx, r.k("active")).Result()
+	if err != nil {
+		return nil, fmt.Errorf("kvstore: redis list active: %w", err)
+	}
+	out := make(map[string][]byte, len(all))
+	for model, v := range all {
+		out[model] = []byte(v)
+	}
+	return out, nil
 }
 
 // Subscribe implements Blobs through Redis pub/sub (go-redis resubscribes after reconnecting; messages
