@@ -31,6 +31,12 @@ type activeValue struct {
 // version (name@sha256), activations and rollbacks as the model's active value; every gateway applies what
 // the store holds on notifications and every PolicyReconcileInterval. It implements admin.Sync.
 //
+// Unloading (admin DELETE) removes the version's blob; every gateway unloads a version it has seen stored
+// once its blob is gone (on a notice or the next reconcile). A version still in use here (active, or kept
+// warm for a rollback) stays until it no longer is and is retried at every reconcile. Only versions seen in
+// the store are unloaded that way: a module just loaded by an upload here, whose blob is not written yet, is
+// left alone.
+//
 // Compiling a module (the Go-built default is ~2.6 MB: 0.16–4.7 s on a loaded 2-core machine) runs in its own
 // goroutine, started by the blob's notice, so applying an active value never waits behind the compilation of
 // another module: an activation of an already-compiled version swaps within one notice.
@@ -40,12 +46,14 @@ type policySync struct {
 	applied map[string][]byte        // model → last active value applied
 	failed  map[string]bool          // blob versions that failed to load here (not retried)
 	loading map[string]chan struct{} // blob versions being loaded, closed when done
+	stored  map[string]uint64        // versions seen in the store → gen when first seen; unloaded once gone
+	gen     uint64                   // counts loadAll passes and stores, so a list is never older than a mark it judges
 	kick    chan struct{}            // wakes the loader
 }
 
 func newPolicySync(g *Gateway) *policySync {
 	return &policySync{g: g, applied: map[string][]byte{}, failed: map[string]bool{},
-		loading: map[string]chan struct{}{}, kick: make(chan struct{}, 1)}
+		loading: map[string]chan struct{}{}, stored: map[string]uint64{}, kick: make(chan struct{}, 1)}
 }
 
 func (p *policySync) blobs() kvstore.Blobs { return p.g.store.Blobs }
@@ -54,7 +62,67 @@ func (p *policySync) blobs() kvstore.Blobs { return p.g.store.Blobs }
 func (p *policySync) PolicyLoaded(ctx context.Context, name string, wasm []byte) error {
 	sum := sha256.Sum256(wasm)
 	sha := hex.EncodeToString(sum[:])
-	return p.blobs().PutBlob(ctx, name+"@"+sha, sha, wasm)
+	if err := p.blobs().PutBlob(ctx, name+"@"+sha, sha, wasm); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.gen++
+	p.stored[name+"@"+sha] = p.gen // newer than any list being read now: that list cannot unload it
+	p.mu.Unlock()
+	return nil
+}
+
+// StoredVersions lists the stored versions (blob names of the form name@sha256).
+func (p *policySync) StoredVersions(ctx context.Context) ([]plugins.Version, error) {
+	list, err := p.blobs().ListBlobs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []plugins.Version
+	for _, b := range list {
+		if strings.Contains(b.Name, "@") {
+			out = append(out, plugins.Version(b.Name))
+		}
+	}
+	return out, nil
+}
+
+// StoredActiveFor returns the models, sorted, whose stored active value names v.
+func (p *policySync) StoredActiveFor(ctx context.Context, v plugins.Version) ([]string, error) {
+	all, err := p.blobs().ListActive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var models []string
+	for model, raw := range all {
+		var av activeValue
+		if json.Unmarshal(raw, &av) == nil && av.Version == string(v) {
+			models = append(models, model)
+		}
+	}
+	slices.Sort(models)
+	return models, nil
+}
+
+// PolicyUnloaded deletes v's blob (the other gateways unload v when they see it gone), then unloads v here
+// again in case the loader brought it back from the blob between the admin API's unload and the deletion.
+func (p *policySync) PolicyUnloaded(ctx context.Context, v plugins.Version) error {
+	if err := p.blobs().DeleteBlob(ctx, string(v)); err != nil && !errors.Is(err, kvstore.ErrNotFound) {
+		return err
+	}
+	p.forget(string(v))
+	if err := p.g.host.Unload(v); err != nil && !errors.Is(err, plugins.ErrUnknownVersion) {
+		p.g.log.Warn("policy reloaded while it was unloaded", slog.String("policy", string(v)), slog.String("error", err.Error()))
+	}
+	return nil
+}
+
+// forget drops what policySync remembers about version v (its blob is gone).
+func (p *policySync) forget(v string) {
+	p.mu.Lock()
+	delete(p.stored, v)
+	delete(p.failed, v) // a module uploaded again under the same version gets a new try
+	p.mu.Unlock()
 }
 
 // PolicyActivated stores model's active version and config.
@@ -190,9 +258,14 @@ func (p *policySync) reconcile(ctx context.Context) {
 	p.applyActive(ctx)
 }
 
-// loadAll loads every stored module not loaded yet.
+// loadAll unloads the versions whose blob is gone and loads every stored module not loaded yet.
 func (p *policySync) loadAll(ctx context.Context) {
+	p.mu.Lock()
+	p.gen++
+	gen := p.gen
+	p.mu.Unlock()
 	if list, err := p.blobs().ListBlobs(ctx); err == nil {
+		p.unloadGone(list, gen)
 		for _, b := range list {
 			if strings.Contains(b.Name, "@") {
 				if err := p.ensureLoaded(ctx, b.Name); err != nil && ctx.Err() == nil {
@@ -200,6 +273,54 @@ func (p *policySync) loadAll(ctx context.Context) {
 				}
 			}
 		}
+	}
+}
+
+// unloadGone marks the listed versions as stored and unloads the versions seen stored before whose blob is
+// no longer listed; gen is the pass's generation, taken before the list was read, so a version stored by an
+// upload here while the list was read (marked with a later gen) is not judged by it. A version in use here
+// stays (and stays marked), so it is retried at the next reconcile.
+func (p *policySync) unloadGone(list []kvstore.BlobInfo, gen uint64) {
+	listed := make(map[string]bool, len(list))
+	p.mu.Lock()
+	for _, b := range list {
+		if strings.Contains(b.Name, "@") {
+			listed[b.Name] = true
+			if _, ok := p.stored[b.Name]; !ok {
+				p.stored[b.Name] = gen
+			}
+		}
+	}
+	var gone []string
+	for v, g := range p.stored {
+		if !listed[v] && g < gen {
+			gone = append(gone, v)
+		}
+	}
+	for v := range p.failed {
+		if !listed[v] {
+			delete(p.failed, v)
+		}
+	}
+	p.mu.Unlock()
+	slices.Sort(gone)
+	for _, v := range gone {
+		err := p.g.host.Unload(plugins.Version(v))
+		switch {
+		case err == nil:
+			p.g.log.Info("stored policy removed: unloaded", slog.String("policy", v))
+		case errors.Is(err, plugins.ErrUnknownVersion):
+		case errors.Is(err, plugins.ErrVersionInUse):
+			p.g.log.Debug("stored policy removed but in use here: kept until it is not", slog.String("policy", v),
+				slog.String("error", err.Error()))
+			continue
+		default:
+			p.g.log.Warn("stored policy removed: cannot unload it", slog.String("policy", v), slog.String("error", err.Error()))
+			continue
+		}
+		p.mu.Lock()
+		delete(p.stored, v)
+		p.mu.Unlock()
 	}
 }
 

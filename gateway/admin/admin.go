@@ -5,10 +5,16 @@
 //	GET  /admin/v1/policies             loaded versions and each model's active version and config
 //	POST /admin/v1/policies/activate    {"model","version":"name@sha256","config":{...}} → 200
 //	POST /admin/v1/policies/rollback    {"model"} → 200 with the version now active
+//	DELETE /admin/v1/policies/{version} → 200 {"version","unloaded":true}; 404 policy_not_found,
+//	                                    409 policy_in_use (active or kept for rollback somewhere, or built in)
 //	POST /admin/v1/route                a chat or completions body → the routing decision, not forwarded
 //
-// A version is "name@" + the module's lowercase hex sha256; activate accepts a unique prefix of at least
-// 8 hex digits. Errors use the OpenAI error shape.
+// A version is "name@" + the module's lowercase hex sha256; activate and DELETE accept a unique prefix of
+// at least 8 hex digits. Errors use the OpenAI error shape.
+//
+// DELETE unloads the version here and removes its stored module (Sync), so the other gateways on the store
+// unload it too on their next reconcile; it is refused while the version is active or kept warm for a
+// rollback on this gateway, or named by some model's active value in the store.
 package admin
 
 import (
@@ -16,6 +22,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +42,9 @@ type Host interface {
 	Rollback(model string) error
 	Versions() []plugins.VersionInfo
 	Active(model string) (plugins.Version, []byte)
+	// Unload forgets v (plugins.ErrUnknownVersion; plugins.ErrVersionInUse while active, kept warm for a
+	// rollback, or built in).
+	Unload(v plugins.Version) error
 }
 
 // Sync publishes policy changes to the other gateways sharing the store (nil: a single gateway). Each call
@@ -42,6 +53,15 @@ type Sync interface {
 	PolicyLoaded(ctx context.Context, name string, wasm []byte) error
 	PolicyActivated(ctx context.Context, model string, v plugins.Version, configJSON []byte) error
 	PolicyRolledBack(ctx context.Context, model string) error
+	// StoredVersions lists the versions stored for every gateway, loaded here or not (still compiling, or
+	// failed to load here), so DELETE can remove those too.
+	StoredVersions(ctx context.Context) ([]plugins.Version, error)
+	// StoredActiveFor returns the models, sorted, whose active value in the store names v (another gateway
+	// may have activated it before this one applied it).
+	StoredActiveFor(ctx context.Context, v plugins.Version) ([]string, error)
+	// PolicyUnloaded removes v's stored module after the local host unloaded it (or never had it), so the
+	// other gateways unload it too. A version that is not stored is not an error.
+	PolicyUnloaded(ctx context.Context, v plugins.Version) error
 }
 
 // Model is one served model for explain.
@@ -66,6 +86,7 @@ func (a *API) Mount(r fiber.Router) {
 	r.Get("/policies", a.list)
 	r.Post("/policies/activate", a.activate)
 	r.Post("/policies/rollback", a.rollback)
+	r.Delete("/policies/:version", a.unload)
 	r.Post("/route", a.explain)
 }
 
@@ -198,11 +219,22 @@ type ActivateRequest struct {
 	Config  json.RawMessage `json:"config"`
 }
 
-// ResolveVersion finds the loaded version named by s: exact, or name@ plus a unique hex prefix (≥ 8).
+// Errors of ResolveVersion (wrapped with the version asked for; match with errors.Is).
+var (
+	// ErrBadVersion: not "name@" followed by at least 8 hex digits.
+	ErrBadVersion = errors.New("want name@sha256 (at least 8 hex digits)")
+	// ErrVersionNotFound: no listed version matches.
+	ErrVersionNotFound = errors.New("not loaded")
+	// ErrVersionAmbiguous: the hex prefix matches more than one listed version of that name.
+	ErrVersionAmbiguous = errors.New("ambiguous: give more hex digits")
+)
+
+// ResolveVersion finds the listed version named by s: exact, or name@ plus a unique hex prefix (≥ 8,
+// any case). Errors: ErrBadVersion, ErrVersionNotFound, ErrVersionAmbiguous.
 func ResolveVersion(versions []plugins.VersionInfo, s string) (plugins.Version, error) {
 	name, hex, ok := strings.Cut(s, "@")
-	if !ok || name == "" || len(hex) < 8 {
-		return "", fmt.Errorf("version %q: want name@sha256 (at least 8 hex digits)", s)
+	if !ok || name == "" || len(hex) < 8 || strings.Trim(strings.ToLower(hex), "0123456789abcdef") != "" {
+		return "", fmt.Errorf("version %q: %w", s, ErrBadVersion)
 	}
 	var found []plugins.Version
 	for _, v := range versions {
@@ -212,11 +244,11 @@ func ResolveVersion(versions []plugins.VersionInfo, s string) (plugins.Version, 
 	}
 	switch len(found) {
 	case 0:
-		return "", fmt.Errorf("version %q is not loaded", s)
+		return "", fmt.Errorf("version %q: %w", s, ErrVersionNotFound)
 	case 1:
 		return found[0], nil
 	}
-	return "", fmt.Errorf("version %q is ambiguous", s)
+	return "", fmt.Errorf("version %q: %w", s, ErrVersionAmbiguous)
 }
 
 func (a *API) hasModel(m string) bool {
@@ -279,6 +311,87 @@ func (a *API) rollback(c *fiber.Ctx) error {
 	}
 	v, _ := a.Host.Active(req.Model)
 	return c.JSON(fiber.Map{"model": req.Model, "version": v})
+}
+
+// UnloadResponse is the body of DELETE /admin/v1/policies/{version} (200).
+type UnloadResponse struct {
+	Version  plugins.Version `json:"version"`  // the full name@sha256 that was unloaded
+	Unloaded bool            `json:"unloaded"` // always true on 200
+}
+
+// withStored adds the stored versions not loaded here to the loaded ones (for ResolveVersion).
+func withStored(local []plugins.VersionInfo, stored []plugins.Version) []plugins.VersionInfo {
+	out := slices.Clone(local)
+	for _, v := range stored {
+		name, sha, ok := strings.Cut(string(v), "@")
+		if !ok || slices.ContainsFunc(local, func(i plugins.VersionInfo) bool { return i.Version == v }) {
+			continue
+		}
+		out = append(out, plugins.VersionInfo{Version: v, Name: name, SHA256: sha})
+	}
+	return out
+}
+
+// inUse is 409 policy_in_use.
+func inUse(v plugins.Version, format string, a ...any) *openai.Error {
+	return openai.Errorf(fiber.StatusConflict, "invalid_request_error", "version", "policy_in_use",
+		"Policy `%s` is in use and stays loaded: %s.", v, fmt.Sprintf(format, a...))
+}
+
+func (a *API) unload(c *fiber.Ctx) error {
+	raw, err := url.PathUnescape(c.Params("version")) // Params is the raw path segment: "@" may come as %40
+	if err != nil {
+		return fail(c, openai.BadRequest("version", "The version is not a valid path segment: %v", err))
+	}
+	ctx := c.UserContext()
+	local := a.Host.Versions()
+	all := local
+	if a.Sync != nil {
+		stored, err := a.Sync.StoredVersions(ctx)
+		if err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Cannot read the stored policies: %v", err))
+		}
+		all = withStored(local, stored)
+	}
+	v, err := ResolveVersion(all, raw)
+	switch {
+	case errors.Is(err, ErrVersionNotFound):
+		return fail(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "version", "policy_not_found",
+			"No policy version `%s` is loaded or stored.", raw))
+	case err != nil:
+		return fail(c, openai.BadRequest("version", "%v", err))
+	}
+	i := slices.IndexFunc(local, func(i plugins.VersionInfo) bool { return i.Version == v })
+	if i >= 0 && local[i].Builtin {
+		return fail(c, inUse(v, "it is the built-in default"))
+	}
+	if a.Sync != nil {
+		models, err := a.Sync.StoredActiveFor(ctx, v)
+		if err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Cannot read the stored active policies: %v", err))
+		}
+		if len(models) > 0 {
+			return fail(c, inUse(v, "the store names it active for %s", strings.Join(models, ", ")))
+		}
+	}
+	if i >= 0 {
+		if err := a.Host.Unload(v); errors.Is(err, plugins.ErrVersionInUse) {
+			where := err.Error()
+			if _, after, ok := strings.Cut(where, plugins.ErrVersionInUse.Error()+": "); ok {
+				where = after // "active for m", "previous activation of m"
+			}
+			return fail(c, inUse(v, "%s here", where))
+		} else if err != nil && !errors.Is(err, plugins.ErrUnknownVersion) { // unknown: unloaded meanwhile
+			return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
+		}
+	}
+	if a.Sync != nil {
+		if err := a.Sync.PolicyUnloaded(ctx, v); err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable",
+				"Unloaded here but not removed from the store (the other gateways keep it, and this one loads it again): %v", err))
+		}
+	}
+	return c.JSON(UnloadResponse{Version: v, Unloaded: true})
 }
 
 // ExplainEndpoint is one candidate in POST /admin/v1/route.
