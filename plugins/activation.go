@@ -29,6 +29,7 @@ type instance struct {
 	stack  []uint64
 	seen   []bool
 	out    *capWriter
+	dl     callDeadline // the context of the instance's metered calls (uploaded modules)
 }
 
 // activation is one version with one config for one model: a fixed pool of instances.
@@ -59,12 +60,16 @@ func (h *Host) newActivation(ctx context.Context, model string, ver *version, co
 		}
 		a.fallback = c
 	}
+	if !ver.hold() {
+		return nil, ErrUnknownVersion
+	}
 	for i := 0; i < h.opts.PoolSize; i++ {
 		inst, err := h.newInstance(ctx, ver, config)
 		if err != nil {
 			for len(a.pool) > 0 {
 				(<-a.pool).close()
 			}
+			ver.drop()
 			return nil, err
 		}
 		a.pool <- inst
@@ -72,62 +77,34 @@ func (h *Host) newActivation(ctx context.Context, model string, ver *version, co
 	return a, nil
 }
 
-// newInstance instantiates ver (running _initialize) and calls its init with config. For uploaded
-// modules this runs on its own goroutine under Options.InitTimeout, like a call: a start function wazero cannot
-// interrupt is abandoned (counted with the abandoned calls) instead of hanging Load or Activate.
+// newInstance instantiates ver (running _initialize) and calls its init with config. An uploaded module
+// does both under Options.InitTimeout, enforced by its fuel meter.
 func (h *Host) newInstance(ctx context.Context, ver *version, config []byte) (*instance, error) {
-	if ver.trusted {
-		return h.instantiate(ctx, ver, config)
-	}
-	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
-		return nil, fmt.Errorf("%w: %d abandoned calls still running", ErrInitFailed, h.abandoned.Load())
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.InitTimeout)
-	defer cancel()
-	type result struct {
-		inst *instance
-		err  error
-	}
-	done := make(chan result, 1)
-	var state atomicState
-	go func() {
-		inst, err := h.instantiate(ctx, ver, config)
-		if state.finish() {
-			done <- result{inst, err}
-			return
-		}
-		if inst != nil {
-			inst.close()
-		}
-		h.abandonedNano.Add(int64(time.Since(abandonedAt(ctx))))
-		h.abandoned.Add(-1)
-	}()
-	select {
-	case r := <-done:
-		return r.inst, r.err
-	case <-ctx.Done():
-		if state.abandon() {
-			h.abandoned.Add(1)
-			h.abandonedN.Add(1)
-			return nil, fmt.Errorf("%w: instantiate and init did not finish within %s", ErrInitFailed, h.opts.InitTimeout)
-		}
-		r := <-done
-		return r.inst, r.err
-	}
+	return h.instantiate(ctx, ver, config)
 }
 
 func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*instance, error) {
+	if !ver.trusted {
+		dl := &callDeadline{}
+		ctx = dl.start(time.Now().Add(h.opts.InitTimeout))
+	}
 	out := &capWriter{limit: h.opts.StderrLimitBytes}
 	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions("_initialize").
 		WithSysNanotime().WithStdout(out).WithStderr(out)
 	mod, err := ver.rt.InstantiateModule(ctx, ver.compiled, cfg)
 	if err != nil {
+		if isDeadlineExit(err) {
+			err = fmt.Errorf("%w (did not finish within %s)", err, h.opts.InitTimeout)
+		}
 		return nil, fmt.Errorf("%w: instantiate: %w (%s)", ErrInitFailed, err, out.String())
 	}
 	inst := &instance{mod: mod, choose: mod.ExportedFunction(sdk.ExportChoose), init: mod.ExportedFunction(sdk.ExportInit),
 		mem: mod.Memory(), stack: make([]uint64, 1), out: out}
 	fail := func(err error) (*instance, error) {
 		_ = mod.Close(context.Background())
+		if isDeadlineExit(err) {
+			err = fmt.Errorf("%w (instantiate and init did not finish within %s)", err, h.opts.InitTimeout)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrInitFailed, err)
 	}
 	if inst.choose == nil || inst.init == nil || inst.mem == nil {
@@ -164,8 +141,9 @@ func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*i
 
 func (i *instance) close() { _ = i.mod.Close(context.Background()) }
 
-// acquire takes an instance, or returns nil when the activation was retired or done fired.
-func (a *activation) acquire(done <-chan struct{}) (*instance, bool) {
+// acquire takes an instance, or returns nil when the activation was retired (true) or the deadline
+// passed while every instance was busy (false). A zero deadline waits as long as it takes.
+func (a *activation) acquire(deadline time.Time) (*instance, bool) {
 	if a.refs.Add(1)&retiredBit != 0 {
 		a.release(nil)
 		return nil, true
@@ -173,10 +151,21 @@ func (a *activation) acquire(done <-chan struct{}) (*instance, bool) {
 	select {
 	case inst := <-a.pool:
 		return inst, false
+	default:
+	}
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case inst := <-a.pool:
+		return inst, false
 	case <-a.retired:
 		a.release(nil)
 		return nil, true
-	case <-done:
+	case <-expired:
 		a.release(nil)
 		return nil, false
 	}
@@ -209,6 +198,7 @@ func (a *activation) finish() {
 			case inst := <-a.pool:
 				inst.close()
 			default:
+				a.ver.drop()
 				return
 			}
 		}
@@ -299,11 +289,13 @@ func (h *Host) logFallback(ctx context.Context, model string, info RankInfo) {
 		slog.Uint64("suppressed", h.logSuppressed.Swap(0)))
 }
 
-// call runs the guest once. retry means the activation was retired before the call started.
+// call runs the guest once. retry means the activation was retired before the call started. An
+// uploaded module runs metered under Options.CallTimeout, waiting for a free instance included; the
+// caller's own cancellation (client gone) is not the policy's miss and does not stop the call.
 func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason Reason, code int32, retry bool) {
 	h := a.h
 	if a.ver.trusted {
-		inst, retired := a.acquire(nil)
+		inst, retired := a.acquire(time.Time{})
 		if inst == nil {
 			return nil, ReasonNone, 0, retired
 		}
@@ -316,74 +308,16 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 		}
 		return out, reason, code, false
 	}
-	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
-		return nil, ReasonAbandonLimit, 0, false
-	}
-	// The deadline is the host's own: a caller's cancellation (client gone) must not count as the
-	// policy's miss, and the caller waits at most CallTimeout anyway.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.CallTimeout)
-	defer cancel()
-	inst, retired := a.acquire(cctx.Done())
+	deadline := time.Now().Add(h.opts.CallTimeout)
+	inst, retired := a.acquire(deadline)
 	if inst == nil {
 		if retired {
 			return nil, ReasonNone, 0, true
 		}
-		return nil, ReasonTimeout, 0, false
+		return nil, ReasonTimeout, 0, false // every instance busy until the deadline
 	}
-	c, reason, broken := inst.prepare(s)
-	if reason != ReasonNone {
-		return a.settle(inst, nil, reason, 0, broken)
-	}
-	type result struct {
-		out    []int
-		reason Reason
-		code   int32
-		broken bool
-	}
-	done := make(chan result, 1)
-	var state atomicState
-	go func() {
-		out, reason, code, broken := inst.invoke(cctx, c)
-		if state.finish() {
-			done <- result{out, reason, code, broken}
-			return
-		}
-		// Abandoned: the caller has already answered with the fallback.
-		h.abandonedNano.Add(int64(time.Since(abandonedAt(cctx))))
-		h.abandoned.Add(-1)
-		state.v.Store(stateEnded)
-		if broken {
-			a.replace(inst)
-			a.release(nil)
-		} else {
-			a.release(inst) // late but sound (e.g. the goroutine was starved): keep the instance
-		}
-	}()
-	select {
-	case r := <-done:
-		return a.settle(inst, r.out, r.reason, r.code, r.broken)
-	case <-cctx.Done():
-		if state.abandon() {
-			h.abandoned.Add(1)
-			h.abandonedN.Add(1)
-			a.miss()
-			// wazero stops an interruptible guest within about a millisecond of the deadline; a call
-			// still running StuckAfter later cannot be interrupted (a loop-free call tree): disable the
-			// version now so the model's previous activation serves.
-			time.AfterFunc(h.opts.StuckAfter, func() {
-				if state.v.Load() == stateAbandoned {
-					h.disable(a.ver, "call still running "+h.opts.StuckAfter.String()+" after its deadline")
-				}
-			})
-			return nil, ReasonTimeout, 0, false
-		}
-		r := <-done // finished just in time
-		return a.settle(inst, r.out, r.reason, r.code, r.broken)
-	}
-}
-
-// settle returns or replaces the instance after a call that finished while its caller waited.
-func (a *activation) settle(inst *instance, out []int, reason Reason, code int32, broken bool) ([]int, Reason, int32, bool) {
+	dl := inst.dl.start(deadline)
+	out, reason, code, broken := inst.run(dl, s)
 	if broken {
 		a.replace(inst)
 		a.release(nil)
@@ -391,8 +325,12 @@ func (a *activation) settle(inst *instance, out []int, reason Reason, code int32
 		a.release(inst)
 	}
 	switch reason {
-	case ReasonTimeout: // wazero closed the module at the deadline
-		a.miss()
+	case ReasonTimeout:
+		if dl.refills >= h.opts.RunawayRefills {
+			h.disable(a.ver, fmt.Sprintf("a call still computing at its %s deadline (%d fuel intervals)", h.opts.CallTimeout, dl.refills))
+		} else {
+			a.miss()
+		}
 	case ReasonNone:
 		a.misses.Store(0)
 	}
@@ -406,13 +344,10 @@ func (a *activation) miss() {
 	}
 }
 
-// abandonedAt is the deadline of the call context (when the caller stopped waiting).
-func abandonedAt(ctx context.Context) time.Time {
-	d, ok := ctx.Deadline()
-	if !ok {
-		return time.Now()
-	}
-	return d
+// isDeadlineExit reports whether err is the exit refill forces at a passed deadline.
+func isDeadlineExit(err error) bool {
+	var ee *sys.ExitError
+	return errors.As(err, &ee) && (ee.ExitCode() == sys.ExitCodeDeadlineExceeded || ee.ExitCode() == sys.ExitCodeContextCanceled)
 }
 
 // call is one prepared guest call: the snapshot already encoded into the instance's buffer. Only the
@@ -527,19 +462,3 @@ func (w *capWriter) String() string {
 	defer w.mu.Unlock()
 	return string(w.buf)
 }
-
-// atomicState settles the race between a call finishing and its caller giving up at the deadline.
-type atomicState struct{ v atomic.Int32 }
-
-const (
-	stateRunning   int32 = iota
-	stateFinished        // finished while the caller waited
-	stateAbandoned       // the caller gave up; still running
-	stateEnded           // abandoned, then ended
-)
-
-// finish reports whether the call finished before the caller gave up.
-func (s *atomicState) finish() bool { return s.v.CompareAndSwap(stateRunning, stateFinished) }
-
-// abandon reports whether the caller gave up before the call finished.
-func (s *atomicState) abandon() bool { return s.v.CompareAndSwap(stateRunning, stateAbandoned) }

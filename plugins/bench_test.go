@@ -31,7 +31,7 @@ func reportQuantiles(b *testing.B, lat []time.Duration) {
 }
 
 // BenchmarkRank: one routing decision through Host.Rank (encode, Wasm call, checks) for the trusted
-// built-in, the same module uploaded (interruption on, own goroutine per call, deadline) and the native
+// built-in, the same module uploaded (metered, with its deadline) and the native
 // three-tier ranker, at 8, 16 and 64 endpoints.
 func BenchmarkRank(b *testing.B) {
 	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Second})
@@ -133,21 +133,19 @@ func BenchmarkLoadAndSwap(b *testing.B) {
 }
 
 // BenchmarkForLoopStop: a guest spinning in for {} with a 1 ms deadline; reports how long after the
-// deadline wazero stopped it (overrun-ns) and how long the request waited for its fallback (ns/op).
+// deadline its fuel meter stopped it (overrun-ns) and how long the request waited for its fallback (ns/op).
 func BenchmarkForLoopStop(b *testing.B) {
-	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Millisecond, MaxConsecutiveMisses: 1 << 30})
+	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Millisecond, MaxConsecutiveMisses: 1 << 30,
+		RunawayRefills: 1 << 30})
 	activateBomb(&testing.T{}, h, "m", "bomb-bench")
 	before := h.Stats()
 	for b.Loop() {
 		if _, info := h.Rank(context.Background(), "m", bombSnapshot(1001)); info.Reason != ReasonTimeout {
 			b.Fatalf("%+v", info)
 		}
-		for h.Stats().AbandonedRunning > 0 {
-			time.Sleep(50 * time.Microsecond)
-		}
 	}
 	after := h.Stats()
-	if n := after.AbandonedTotal - before.AbandonedTotal; n > 0 {
-		b.ReportMetric(float64((after.AbandonedOverrun-before.AbandonedOverrun).Nanoseconds())/float64(n), "overrun-ns")
+	if n := after.Interrupted - before.Interrupted; n > 0 {
+		b.ReportMetric(float64((after.Overrun-before.Overrun).Nanoseconds())/float64(n), "overrun-ns")
 	}
 }

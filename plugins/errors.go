@@ -14,6 +14,8 @@ var (
 	// ErrVersionDisabled: the version was disabled after missing call deadlines (or a failed instance
 	// replacement); load it again under another name only after fixing it.
 	ErrVersionDisabled = errors.New("plugins: policy version disabled")
+	// ErrVersionInUse: Unload was asked for a version that is active, kept warm for Rollback, or built in.
+	ErrVersionInUse = errors.New("plugins: policy version in use")
 	// ErrInitFailed: the guest's init rejected the config (or trapped) while an activation was built.
 	ErrInitFailed = errors.New("plugins: policy init failed")
 	// ErrNoPrevious: Rollback found no active policy to roll back from.

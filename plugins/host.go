@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -37,11 +36,11 @@ type Options struct {
 	// PoolSize is the number of instances per activation (concurrent calls per model). Default
 	// GOMAXPROCS, at least 2. Each Go instance holds about 2.5 MiB.
 	PoolSize int
-	// CallTimeout is the per-call deadline of uploaded modules, and of each validation sample.
-	// Default 5ms. The trusted built-in runs without one.
+	// CallTimeout is the per-call deadline of uploaded modules (waiting for an instance included). Default
+	// 5ms. The trusted built-in runs without one.
 	CallTimeout time.Duration
-	// ValidationTimeout is the deadline of each validation sample (after one untimed-but-bounded warm-up
-	// call), longer than CallTimeout so a busy machine does not reject a sound module. Default 50ms.
+	// ValidationTimeout is the deadline of each validation sample (after one warm-up call under 10×
+	// this), longer than CallTimeout so a busy machine does not reject a sound module. Default 50ms.
 	ValidationTimeout time.Duration
 	// InitTimeout bounds instantiating an uploaded module plus its init (a Go runtime starts in ~3 ms).
 	// Default 2s.
@@ -50,22 +49,18 @@ type Options struct {
 	MemoryLimitPages uint32
 	// CacheDir, if set, is wazero's on-disk compilation cache (compiled code survives restarts).
 	CacheDir string
-	// MaxAbandoned caps uploaded-module calls that missed their deadline and are still running on their
-	// goroutine. While the cap is reached, uploaded modules are not called (fallback "abandon_limit").
-	// Default 4.
-	MaxAbandoned int
-	// StuckAfter: an uploaded call still running this long after its deadline is taken as
-	// uninterruptible (wazero stops loops within about 1 ms); its version is disabled at that moment and
-	// the model's previous activation serves. Default 50ms.
-	StuckAfter time.Duration
-	// MaxConsecutiveMisses: this many missed deadlines in a row (interrupted or not) disable a version.
-	// Default 3. A single miss (e.g. a starved goroutine) only costs that request the fallback.
+	// FuelInterval is how much fuel an uploaded module gets between two deadline checks (plugins/wasmmeter:
+	// one unit per function entry or loop iteration, plus one per 1 KiB of bulk memory operations). A
+	// call therefore ends at most one interval after its deadline, and the Go runtime can stop its
+	// goroutine (for a garbage collection) at least once per interval. Default 16384.
+	FuelInterval int32
+	// RunawayRefills: a call interrupted at its deadline after at least this many fuel intervals within
+	// that call was computing, not waiting for a CPU, so its version is disabled at once (the model's
+	// previous activation serves). Default 8.
+	RunawayRefills int
+	// MaxConsecutiveMisses: this many missed deadlines in a row disable a version. Default 3. A single
+	// short miss (e.g. a goroutine starved of CPU) only costs that request the fallback.
 	MaxConsecutiveMisses int
-	// InterpretUploaded runs uploaded modules in wazero's interpreter instead of the compiler: 10–50×
-	// slower, but the interpreter is Go code, so a call the deadline cannot stop (a loop-free call tree)
-	// does not block garbage collection for the whole process (see RATIONALE.md). The built-in is
-	// always compiled.
-	InterpretUploaded bool
 	// StderrLimitBytes is how much guest stdout+stderr is kept per instance. Default 4096.
 	StderrLimitBytes int
 	// LogBurstInterval: fallbacks are logged once, then at most once per interval with a count of those
@@ -91,11 +86,11 @@ func (o Options) withDefaults() Options {
 	if o.MemoryLimitPages == 0 {
 		o.MemoryLimitPages = 512
 	}
-	if o.MaxAbandoned <= 0 {
-		o.MaxAbandoned = 4
+	if o.FuelInterval <= 0 {
+		o.FuelInterval = 16384
 	}
-	if o.StuckAfter <= 0 {
-		o.StuckAfter = 50 * time.Millisecond
+	if o.RunawayRefills <= 0 {
+		o.RunawayRefills = 8
 	}
 	if o.MaxConsecutiveMisses <= 0 {
 		o.MaxConsecutiveMisses = 3
@@ -117,18 +112,17 @@ type Reason uint8
 
 // Fallback reasons; they are the "reason" label of kvgate_policy_fallbacks_total.
 const (
-	ReasonNone         Reason = iota
-	ReasonTrap                // the guest trapped (panic outside the SDK, unreachable, out of memory...)
-	ReasonTimeout             // the call missed its deadline (see Options.StuckAfter, MaxConsecutiveMisses)
-	ReasonGuestError          // the guest returned a negative error code
-	ReasonInvalid             // the ranking had an out-of-range or duplicate index, or was empty
-	ReasonTooLarge            // more endpoints than the guest's buffer holds
-	ReasonAbandonLimit        // too many abandoned calls still running; uploaded modules are skipped
-	ReasonClosed              // the host is closed
+	ReasonNone       Reason = iota
+	ReasonTrap              // the guest trapped (panic outside the SDK, unreachable, out of memory...)
+	ReasonTimeout           // the call missed its deadline (see Options.RunawayRefills, MaxConsecutiveMisses)
+	ReasonGuestError        // the guest returned a negative error code
+	ReasonInvalid           // the ranking had an out-of-range or duplicate index, or was empty
+	ReasonTooLarge          // more endpoints than the guest's buffer holds
+	ReasonClosed            // the host is closed
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"", "trap", "timeout", "guest_error", "invalid_ranking", "too_large", "abandon_limit", "closed"}
+var reasonNames = [numReasons]string{"", "trap", "timeout", "guest_error", "invalid_ranking", "too_large", "closed"}
 
 // String returns the metric label of r.
 func (r Reason) String() string {
@@ -148,11 +142,10 @@ type RankInfo struct {
 
 // Host loads, validates, activates and calls routing policies. Create it with New; Close releases it.
 type Host struct {
-	opts      Options
-	log       *slog.Logger
-	cache     wazero.CompilationCache
-	trusted   wazero.Runtime // built-in: no interruption (its cost is ~25 ns per loop iteration)
-	untrusted wazero.Runtime // uploaded: WithCloseOnContextDone(true)
+	opts  Options
+	log   *slog.Logger
+	cache wazero.CompilationCache
+	rt    wazero.Runtime // built-in as shipped; uploaded modules metered (see meter.go)
 
 	builtin    *activation // the default for models without an activation
 	builtinVer Version
@@ -162,13 +155,14 @@ type Host struct {
 	models   atomic.Pointer[map[string]*modelState]
 	closed   atomic.Bool
 
-	fallbacks     [numReasons]atomic.Uint64
-	calls         atomic.Uint64
-	swaps         atomic.Uint64
-	abandoned     atomic.Int64  // abandoned calls still running
-	abandonedN    atomic.Uint64 // abandoned calls in total
-	abandonedNano atomic.Int64  // time abandoned calls kept running past their deadline (when they ended)
-	replaced      atomic.Uint64 // instances discarded after a trap or timeout and replaced
+	fallbacks   [numReasons]atomic.Uint64
+	calls       atomic.Uint64
+	swaps       atomic.Uint64
+	refills     atomic.Uint64 // fuel refills of metered calls (each one a deadline check)
+	interrupted atomic.Uint64 // metered calls stopped at a refill after their deadline
+	overrunNano atomic.Int64  // time interrupted calls ran past their deadline
+	replaced    atomic.Uint64 // instances discarded after a trap or timeout and replaced
+	unloaded    atomic.Uint64 // versions unloaded
 
 	logLast       atomic.Int64 // unix nanos of the last fallback log record
 	logSuppressed atomic.Uint64
@@ -186,6 +180,31 @@ type version struct {
 	loadedAt time.Time
 	disabled atomic.Bool
 	builtin  bool
+
+	live      atomic.Int64 // activations of this version not yet finished (see hold, drop)
+	unloaded  atomic.Bool  // Unload was called; compiled is closed when live reaches 0
+	closeOnce sync.Once
+}
+
+// hold counts one more activation of ver; false when ver was unloaded.
+func (ver *version) hold() bool {
+	ver.live.Add(1)
+	if ver.unloaded.Load() {
+		ver.drop()
+		return false
+	}
+	return true
+}
+
+// drop counts one activation fewer, closing the compiled module after Unload once none is left.
+func (ver *version) drop() {
+	if ver.live.Add(-1) == 0 && ver.unloaded.Load() {
+		ver.closeCompiled()
+	}
+}
+
+func (ver *version) closeCompiled() {
+	ver.closeOnce.Do(func() { _ = ver.compiled.Close(context.Background()) })
 }
 
 type modelState struct {
@@ -216,18 +235,17 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 	} else {
 		h.cache = wazero.NewCompilationCache()
 	}
-	base := wazero.NewRuntimeConfigCompiler().WithCompilationCache(h.cache).WithMemoryLimitPages(opts.MemoryLimitPages)
-	h.trusted = wazero.NewRuntimeWithConfig(ctx, base)
-	upl := base
-	if opts.InterpretUploaded {
-		upl = wazero.NewRuntimeConfigInterpreter().WithCompilationCache(h.cache).WithMemoryLimitPages(opts.MemoryLimitPages)
+	// One compiler runtime without WithCloseOnContextDone (it costs ~25 ns per loop iteration and cannot
+	// stop a loop-free call tree): uploaded modules are metered instead (meter.go).
+	h.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigCompiler().WithCompilationCache(h.cache).
+		WithMemoryLimitPages(opts.MemoryLimitPages))
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
+		h.closeRuntimes()
+		return nil, fmt.Errorf("plugins: instantiate WASI: %w", err)
 	}
-	h.untrusted = wazero.NewRuntimeWithConfig(ctx, upl.WithCloseOnContextDone(true))
-	for _, rt := range []wazero.Runtime{h.trusted, h.untrusted} {
-		if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
-			h.closeRuntimes()
-			return nil, fmt.Errorf("plugins: instantiate WASI: %w", err)
-		}
+	if err := h.instantiateMeter(ctx, h.rt); err != nil {
+		h.closeRuntimes()
+		return nil, fmt.Errorf("plugins: instantiate the fuel meter: %w", err)
 	}
 	ver, rep, err := h.load(ctx, BuiltinName, BuiltinWasm, true)
 	if err != nil {
@@ -251,9 +269,7 @@ const (
 )
 
 func (h *Host) closeRuntimes() {
-	ctx := context.Background()
-	_ = h.trusted.Close(ctx)
-	_ = h.untrusted.Close(ctx)
+	_ = h.rt.Close(context.Background())
 }
 
 // BuiltinVersion returns the Version of the embedded three-tier module.
@@ -303,11 +319,7 @@ func (h *Host) load(ctx context.Context, name string, wasm []byte, trusted bool)
 		return old, old.report, nil
 	}
 	h.mu.Unlock()
-	rt := h.untrusted
-	if trusted {
-		rt = h.trusted
-	}
-	ver := &version{v: v, name: name, sha: string(v[len(name)+1:]), size: len(wasm), trusted: trusted, rt: rt,
+	ver := &version{v: v, name: name, sha: string(v[len(name)+1:]), size: len(wasm), trusted: trusted, rt: h.rt,
 		loadedAt: time.Now(), builtin: trusted}
 	rep := h.validate(ctx, ver, wasm)
 	ver.report = rep
@@ -354,6 +366,10 @@ func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if ver.unloaded.Load() || ver.disabled.Load() { // while the pool was built
+		a.retire()
+		return fmt.Errorf("plugins: activate %s for %s: %w", v, model, ErrUnknownVersion)
+	}
 	st := h.stateLocked(model)
 	old := st.active.Swap(a)
 	h.swaps.Add(1)
@@ -425,7 +441,7 @@ func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 				}
 				h.mu.Lock()
 				defer h.mu.Unlock()
-				if st.prev == nil && !h.closed.Load() {
+				if st.prev == nil && !h.closed.Load() && !saved.ver.unloaded.Load() && !saved.ver.disabled.Load() {
 					st.prev = a
 				} else {
 					a.retire()
@@ -476,13 +492,53 @@ func (h *Host) disable(ver *version, why string) {
 		slog.String(attrPolicy, string(ver.v)), slog.String("why", why))
 }
 
+// Unload forgets version v: it is no longer listed nor activatable, and its compiled code is freed once
+// no activation of it is left. A version active for some model, or kept warm as a model's previous
+// activation (what Rollback returns to), cannot be unloaded; entries of a model's older rollback history
+// that name it are dropped. Errors: ErrUnknownVersion, ErrVersionInUse (also for the built-in),
+// ErrClosed.
+func (h *Host) Unload(v Version) error {
+	if h.closed.Load() {
+		return ErrClosed
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ver, ok := h.versions[v]
+	if !ok {
+		return fmt.Errorf("plugins: unload %s: %w", v, ErrUnknownVersion)
+	}
+	if ver.builtin {
+		return fmt.Errorf("plugins: unload %s: %w: it is the built-in default", v, ErrVersionInUse)
+	}
+	for _, model := range sortedKeys(*h.models.Load()) {
+		st := (*h.models.Load())[model]
+		if a := st.active.Load(); a != nil && a.ver == ver {
+			return fmt.Errorf("plugins: unload %s: %w: active for %s", v, ErrVersionInUse, model)
+		}
+		if st.prev != nil && st.prev.ver == ver {
+			return fmt.Errorf("plugins: unload %s: %w: previous activation of %s", v, ErrVersionInUse, model)
+		}
+	}
+	for _, st := range *h.models.Load() {
+		st.older = slices.DeleteFunc(st.older, func(s savedActivation) bool { return s.ver == ver })
+	}
+	delete(h.versions, v)
+	ver.unloaded.Store(true)
+	if ver.live.Load() == 0 {
+		ver.closeCompiled()
+	}
+	h.unloaded.Add(1)
+	h.log.LogAttrs(context.Background(), slog.LevelInfo, "policy unloaded", slog.String(attrPolicy, string(v)))
+	return nil
+}
+
 // VersionInfo describes one loaded version.
 type VersionInfo struct {
 	Version   Version   // name@sha256
 	Name      string    // the name it was loaded under
 	SHA256    string    // lowercase hex digest of the module bytes
 	SizeBytes int       // module size in bytes
-	Builtin   bool      // the embedded three-tier module (trusted: runs without interruption)
+	Builtin   bool      // the embedded three-tier module (trusted: runs unmetered, without a deadline)
 	Disabled  bool      // disabled after a missed deadline
 	ActiveFor []string  // models it is active for, sorted
 	LoadedAt  time.Time // when Load accepted it
@@ -533,8 +589,7 @@ func (h *Host) current(model string) *activation {
 	return h.builtin
 }
 
-// Close retires every activation and closes the runtimes. Abandoned calls may still be running; their
-// instances are closed with the runtime.
+// Close retires every activation and closes the runtime.
 func (h *Host) Close(ctx context.Context) error {
 	if !h.closed.CompareAndSwap(false, true) {
 		return nil
@@ -551,6 +606,5 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	h.builtin.retire()
-	err := errors.Join(h.trusted.Close(ctx), h.untrusted.Close(ctx))
-	return err
+	return h.rt.Close(ctx)
 }

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"sync"
@@ -110,8 +110,8 @@ func TestLoadRejects(t *testing.T) {
 		{"newer", []string{"guest ABI v1.9 is newer than the host's v1.0"}},
 		{"invalid", []string{"sample no-endpoints: invalid_ranking"}},
 		{"loop", []string{"warm-up call: no answer within 20ms"}},
-		{"calltree", []string{"function 13 can make more than 1048576 calls without a loop"}},
-		{"recurse", []string{"function 0 calls itself without a loop"}},
+		{"calltree", []string{"warm-up call: no answer within 20ms"}}, // 2^28 calls without a loop
+		{"recurse", []string{"warm-up call: no answer within 20ms"}},  // 2^30 calls without a loop
 	}
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {
@@ -138,17 +138,8 @@ func TestLoadRejects(t *testing.T) {
 	if err := h.Activate("m", VersionOf("loop", readWasm(t, "loop")), nil); !errors.Is(err, ErrUnknownVersion) {
 		t.Errorf("activating a rejected module: %v", err)
 	}
-	waitAbandoned(t, h) // the call tree given up during validation ends on its own
-}
-
-func waitAbandoned(t *testing.T, h *Host) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for h.Stats().AbandonedRunning > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("abandoned calls still running after 60s: %+v", h.Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if st := h.Stats(); st.Interrupted != 3 { // loop, calltree, recurse: each stopped in its warm-up call
+		t.Errorf("interrupted %d calls, want 3", st.Interrupted)
 	}
 }
 
@@ -260,28 +251,25 @@ func TestFallbacks(t *testing.T) {
 	}
 }
 
-// TestForLoopStopped: a for {} at run time is answered by the fallback at the deadline and wazero
-// stops it (the instance is replaced); one miss leaves the version active, three in a row disable it
-// and the previous version serves the next request.
+// TestForLoopStopped: a for {} at run time is stopped by its fuel meter at the deadline and answered by
+// the fallback (the instance is replaced); a call still computing at its deadline is a runaway, so its
+// version is disabled at once and the previous version serves the next request.
 func TestForLoopStopped(t *testing.T) {
 	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond})
 	good, bomb := activateBomb(t, h, "m", "bomb-loop")
-	for i := 1; i <= 3; i++ {
-		start := time.Now()
-		got, info := h.Rank(context.Background(), "m", bombSnapshot(1001))
-		took := time.Since(start)
-		if !info.Fallback || info.Reason != ReasonTimeout || info.Version != bomb || !slices.Equal(got, []int{1, 2, 0}) {
-			t.Fatalf("miss %d: %v %+v", i, got, info)
-		}
-		if took > 250*time.Millisecond { // the tree itself runs for seconds // 2 ms deadline; generous for a loaded 2-core CI box
-			t.Errorf("miss %d: answer took %s", i, took)
-		}
-		waitAbandoned(t, h) // wazero stops the loop shortly after the deadline
-		if v, _ := h.Active("m"); i < 3 && v != bomb || i == 3 && v != good {
-			t.Fatalf("after %d misses the active version is %s", i, v)
-		}
+	start := time.Now()
+	got, info := h.Rank(context.Background(), "m", bombSnapshot(1001))
+	took := time.Since(start)
+	if !info.Fallback || info.Reason != ReasonTimeout || info.Version != bomb || !slices.Equal(got, []int{1, 2, 0}) {
+		t.Fatalf("%v %+v", got, info)
 	}
-	got, info := h.Rank(context.Background(), "m", bombSnapshot(7))
+	if took > 250*time.Millisecond { // 2 ms deadline; generous for a loaded 2-core CI box
+		t.Errorf("answer took %s", took)
+	}
+	if v, _ := h.Active("m"); v != good {
+		t.Fatalf("after a runaway call the active version is %s, want %s", v, good)
+	}
+	got, info = h.Rank(context.Background(), "m", bombSnapshot(7))
 	if info.Fallback || info.Version != good || !slices.Equal(got, []int{0, 1, 2}) {
 		t.Fatalf("next request: %v %+v", got, info)
 	}
@@ -289,61 +277,134 @@ func TestForLoopStopped(t *testing.T) {
 		t.Fatalf("re-activating: %v", err)
 	}
 	st := h.Stats()
-	if st.Fallbacks["timeout"] != 3 || st.AbandonedOverrun > 3*time.Second {
+	if st.Fallbacks["timeout"] != 1 || st.Interrupted != 1 || st.Overrun <= 0 || st.Overrun > 200*time.Millisecond {
 		t.Errorf("stats %+v", st)
 	}
-	t.Logf("3 for {} calls ran %s past their deadlines in total", st.AbandonedOverrun)
+	t.Logf("the for {} call was stopped %s after its deadline (%d refills in all)", st.Overrun, st.Refills)
 }
 
-// TestCallTreeAbandonedAndBounded: a loop-free exponential call tree cannot be interrupted by wazero.
-// The request still gets the fallback at the deadline; StuckAfter later the version is disabled and the
-// previous one serves; the stuck call keeps running on its goroutine (counted) until it ends by itself;
-// while MaxAbandoned calls run, uploaded modules are not called at all.
-func TestCallTreeAbandonedAndBounded(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond, MaxAbandoned: 1,
-		StuckAfter: 20 * time.Millisecond})
+// TestConsecutiveMisses: misses that are not runaways (RunawayRefills out of reach) cost one fallback
+// each; MaxConsecutiveMisses in a row disable the version.
+func TestConsecutiveMisses(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond, RunawayRefills: 1 << 30})
+	good, bomb := activateBomb(t, h, "m", "bomb-miss")
+	for i := 1; i <= 3; i++ {
+		if got, info := h.Rank(context.Background(), "m", bombSnapshot(1001)); info.Reason != ReasonTimeout || !slices.Equal(got, []int{1, 2, 0}) {
+			t.Fatalf("miss %d: %v %+v", i, got, info)
+		}
+		if v, _ := h.Active("m"); i < 3 && v != bomb || i == 3 && v != good {
+			t.Fatalf("after %d misses the active version is %s", i, v)
+		}
+	}
+}
+
+// TestCallTreeInterrupted: a loop-free exponential call tree through call_indirect (2^28 calls, seconds of
+// work), with the garbage collector running and garbage being made: the request gets the fallback at the
+// deadline, the version is disabled at once, the previous one serves, and the call itself is stopped
+// (Stats.Interrupted) shortly after its deadline instead of running on.
+func TestCallTreeInterrupted(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond})
 	good, bomb := activateBomb(t, h, "m", "bomb-tree")
-	// A goroutine inside uninterruptible compiled Wasm cannot be preempted, so a garbage collection that
-	// starts meanwhile stops the whole process until the call ends (see RATIONALE.md). Keep the GC off
-	// here so the test measures the host's own deadline handling.
-	runtime.GC()
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	stop := garbage(t)
+	defer stop()
 	start := time.Now()
 	got, info := h.Rank(context.Background(), "m", bombSnapshot(1002))
 	took := time.Since(start)
-	if !info.Fallback || info.Reason != ReasonTimeout || !slices.Equal(got, []int{1, 2, 0}) || took > 250*time.Millisecond { // the tree itself runs for seconds
+	if !info.Fallback || info.Reason != ReasonTimeout || info.Version != bomb || !slices.Equal(got, []int{1, 2, 0}) || took > 250*time.Millisecond {
 		t.Fatalf("%v %+v after %s", got, info, took)
 	}
-	st := h.Stats()
-	if st.AbandonedRunning != 1 || st.AbandonedTotal != 1 {
-		t.Skipf("the call tree finished before the deadline on this machine: %+v", st)
-	}
-	// Cap reached: the uploaded module is skipped at once; the built-in still serves other models.
-	_, info = h.Rank(context.Background(), "m", bombSnapshot(7))
-	if !info.Fallback || info.Reason != ReasonAbandonLimit {
-		t.Fatalf("with the cap reached: %+v", info)
-	}
-	if _, info = h.Rank(context.Background(), "other", bombSnapshot(7)); info.Fallback {
-		t.Fatalf("built-in: %+v", info)
-	}
-	time.Sleep(40 * time.Millisecond)
 	if v, _ := h.Active("m"); v != good {
-		t.Fatalf("active %s StuckAfter past the deadline, want previous %s", v, good)
+		t.Fatalf("active %s, want previous %s", v, good)
 	}
-	if vs := h.Versions(); !slices.ContainsFunc(vs, func(v VersionInfo) bool { return v.Version == bomb && v.Disabled }) {
-		t.Fatalf("bomb not disabled: %+v", vs)
+	st := h.Stats()
+	if st.Interrupted != 1 || st.Overrun <= 0 || st.Overrun > 200*time.Millisecond {
+		t.Fatalf("stats %+v", st)
 	}
-	waitAbandoned(t, h)
-	st = h.Stats()
-	if st.AbandonedOverrun <= 0 {
-		t.Fatalf("overrun not measured: %+v", st)
-	}
-	t.Logf("the call tree ran %s past its deadline", st.AbandonedOverrun)
+	t.Logf("the call tree was answered after %s and stopped %s after its deadline", took, st.Overrun)
 	if _, info = h.Rank(context.Background(), "m", bombSnapshot(7)); info.Fallback || info.Version != good {
-		t.Fatalf("after the abandoned call ended: %+v", info)
+		t.Fatalf("next request: %+v", info)
 	}
 }
 
+// garbage allocates in the background (so GC cycles start) until the returned stop is called.
+func garbage(t *testing.T) (stop func()) {
+	t.Helper()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var keep [][]byte
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			keep = append(keep, make([]byte, 1<<16))
+			if len(keep) > 64 {
+				keep = keep[:0]
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// TestRunawayKeepsGCRunning: while an uploaded call runs a seconds-long loop-free call tree under a long
+// deadline, garbage collections on another goroutine still stop the world promptly (Go's own
+// /sched/pauses/stopping/gc histogram): the metered guest reaches Go code (refill) at least once per fuel
+// interval, where the runtime can stop it. Without metering, compiled Wasm cannot be preempted and the
+// world would stay stopped until the whole call ended.
+func TestRunawayKeepsGCRunning(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 400 * time.Millisecond})
+	activateBomb(t, h, "m", "bomb-gc")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.Rank(context.Background(), "m", bombSnapshot(1002))
+	}()
+	time.Sleep(20 * time.Millisecond) // the call tree is running
+	before := stoppingPauses()
+	gcs := 0
+	for running := true; running && gcs < 20; gcs++ {
+		runtime.GC()
+		select {
+		case <-done:
+			running = false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	worst := worstNewPause(before, stoppingPauses())
+	<-done
+	if st := h.Stats(); st.Interrupted != 1 {
+		t.Fatalf("the call tree was not interrupted: %+v", st)
+	}
+	if worst > 0.15 { // unmetered, the world would stay stopped for the rest of the 400 ms call
+		t.Fatalf("stopping the world for a GC took up to %.3gs during the runaway call", worst)
+	}
+	t.Logf("%d GCs during the runaway call; the longest stop-the-world wait was under %.3gs", gcs, worst)
+}
+
+// stoppingPauses reads Go's histogram of the time taken to stop the world for a GC.
+func stoppingPauses() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/pauses/stopping/gc:seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Float64Histogram()
+}
+
+// worstNewPause is the upper bound of the highest bucket that gained samples between two reads.
+func worstNewPause(before, after *metrics.Float64Histogram) float64 {
+	for i := len(after.Counts) - 1; i >= 0; i-- {
+		if after.Counts[i] > before.Counts[i] {
+			return after.Buckets[i+1]
+		}
+	}
+	return 0
+}
+
+// TestRollback: a rollback returns to the previous activation, the next one to the built-in default with no
+// config; activating an unknown version is refused.
 func TestRollback(t *testing.T) {
 	h := newTestHost(t, Options{})
 	good, _, err := h.Load("good", readWasm(t, "good"))
@@ -438,49 +499,6 @@ func TestSwapUnderLoad(t *testing.T) {
 	t.Logf("%d calls over %d swaps", calls.Load(), swaps)
 }
 
-// TestCallTreeInterpreterKeepsGCRunning: with InterpretUploaded the stuck call runs in Go code, which the
-// runtime can preempt, so the request gets its fallback at the deadline even with the GC on and the
-// test allocating (under the compiler a GC cycle would wait for the whole call tree).
-func TestCallTreeInterpreterKeepsGCRunning(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a call tree in the interpreter")
-	}
-	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond, InterpretUploaded: true,
-		StuckAfter: 20 * time.Millisecond, MaxAbandoned: 1})
-	good, _ := activateBomb(t, h, "m", "bomb-interp")
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // garbage, so GC cycles start while the call tree runs
-		var keep [][]byte
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			keep = append(keep, make([]byte, 1<<16))
-			if len(keep) > 64 {
-				keep = keep[:0]
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
-	}()
-	start := time.Now()
-	_, info := h.Rank(context.Background(), "m", bombSnapshot(1007)) // 2^22 calls: ~0.2 s interpreted
-	if took := time.Since(start); info.Reason != ReasonTimeout || took > 100*time.Millisecond {
-		t.Fatalf("%+v after %s", info, took)
-	}
-	if st := h.Stats(); st.AbandonedRunning != 1 {
-		t.Skipf("the call tree ended before StuckAfter: %+v", st)
-	}
-	time.Sleep(60 * time.Millisecond)
-	if v, _ := h.Active("m"); v != good && h.Stats().AbandonedRunning == 1 {
-		t.Fatalf("active %s, want %s", v, good)
-	}
-	waitAbandoned(t, h)
-	t.Logf("the interpreted call tree ran %s past its deadline", h.Stats().AbandonedOverrun)
-}
-
 // TestFallbackLoggedOncePerBurst: five fallbacks in a burst give one log record; the next record, after
 // the interval, reports how many were not logged.
 func TestFallbackLoggedOncePerBurst(t *testing.T) {
@@ -561,23 +579,22 @@ func TestCallerCancellationIsNotAMiss(t *testing.T) {
 	}
 }
 
-// TestUninterruptibleStartAbandoned: a module whose start function cannot be interrupted does not hang
-// Load: instantiation is given up at InitTimeout (the work is counted as abandoned and ends by itself).
-func TestUninterruptibleStartAbandoned(t *testing.T) {
+// TestRunawayStartStopped: a module whose start function runs a loop-free call tree does not hang Load:
+// its meter stops instantiation at InitTimeout, with the GC running.
+func TestRunawayStartStopped(t *testing.T) {
 	h := newTestHost(t, Options{Logger: quietLogger(), InitTimeout: 20 * time.Millisecond})
-	runtime.GC()
-	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // see TestCallTreeAbandonedAndBounded
+	stop := garbage(t)
+	defer stop()
 	start := time.Now()
 	_, rep, err := h.Load("slowstart", readWasm(t, "slowstart"))
 	took := time.Since(start)
-	if !errors.Is(err, ErrInvalidModule) || took > 200*time.Millisecond ||
+	if !errors.Is(err, ErrInvalidModule) || took > 500*time.Millisecond ||
 		!strings.Contains(strings.Join(rep.Problems, "\n"), "did not finish within 20ms") {
 		t.Fatalf("after %s: %v %v", took, err, rep.Problems)
 	}
-	if st := h.Stats(); st.AbandonedTotal != 1 {
+	if st := h.Stats(); st.Interrupted != 1 {
 		t.Fatalf("stats %+v", st)
 	}
-	waitAbandoned(t, h)
 }
 
 // With a rollback floor (the gateway's configured policy), Rollback stops at the floor activation instead of

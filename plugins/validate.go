@@ -9,6 +9,7 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
+	"github.com/kvgate/kvgate/plugins/wasmmeter"
 	"github.com/kvgate/kvgate/sdk"
 )
 
@@ -104,7 +105,17 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 	rep := &ValidationReport{Version: ver.v, SizeBytes: len(wasm), ABIMinor: -1}
 	problem := func(format string, args ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, args...)) }
 	start := time.Now()
-	compiled, err := ver.rt.CompileModule(ctx, wasm)
+	code := wasm
+	if !ver.trusted {
+		// Uploaded modules run metered (meter.go): the rewrite adds the import kvgate_meter.refill.
+		metered, err := wasmmeter.Instrument(wasm)
+		if err != nil {
+			problem("%v", err)
+			return rep
+		}
+		code = metered
+	}
+	compiled, err := ver.rt.CompileModule(ctx, code)
 	rep.CompileTime = time.Since(start)
 	if err != nil {
 		problem("compile: %v", err)
@@ -113,6 +124,9 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 	ver.compiled = compiled
 	for _, f := range compiled.ImportedFunctions() {
 		mod, name, _ := f.Import()
+		if !ver.trusted && mod == wasmmeter.ImportModule {
+			continue // ours, added by Instrument (a module importing it itself is rejected there)
+		}
 		full := mod + "." + name
 		rep.Imports = append(rep.Imports, full)
 		if !slices.Contains(AllowedImports, full) {
@@ -144,9 +158,6 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 	if _, ok := compiled.ExportedMemories()[sdk.ExportMemory]; !ok {
 		problem("missing memory export %q", sdk.ExportMemory)
 	}
-	if !ver.trusted {
-		rep.Problems = append(rep.Problems, checkCallGraph(wasm)...)
-	}
 	if len(rep.Problems) > 0 {
 		return rep
 	}
@@ -174,8 +185,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 		return rep
 	}
 	// One warm-up call (a Go guest's first call is slower) under 10 × ValidationTimeout, then the
-	// sample snapshots, each under ValidationTimeout. A miss gives up on the instance (it may still be running:
-	// it is abandoned like a live call and counted).
+	// sample snapshots, each under ValidationTimeout. A miss discards the instance.
 	warm := SampleSnapshots()[2].Snapshot
 	if _, reason, _ := h.sampleCall(ctx, ver, inst, &warm, 10*h.opts.ValidationTimeout); reason == ReasonTimeout {
 		problem("warm-up call: no answer within %s", 10*h.opts.ValidationTimeout)
@@ -198,7 +208,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 			res.Problem = fmt.Sprintf("guest error code %d", code)
 		case ReasonTimeout:
 			res.Problem = fmt.Sprintf("no answer within the %s deadline", h.opts.ValidationTimeout)
-			inst = nil // abandoned or closed by wazero
+			inst = nil // closed by sampleCall
 		case ReasonTrap:
 			res.Problem = "trap: " + strings.TrimSpace(inst.out.String())
 			inst.close()
@@ -220,60 +230,20 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 	return rep
 }
 
-// sampleCall runs one validation call like a live uploaded call: on its own goroutine, given up at the
-// deadline. The trusted built-in is called directly.
+// sampleCall runs one validation call like a live call: metered under timeout for an uploaded module,
+// directly for the trusted built-in. A call stopped at its deadline closes inst.
 func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *Snapshot, timeout time.Duration) ([]int, Reason, int32) {
 	for i := range s.Endpoints {
 		s.Endpoints[i].Index = uint32(i)
 	}
-	if ver.trusted {
-		out, reason, code, _ := inst.run(ctx, s)
-		return out, reason, code
+	if !ver.trusted {
+		ctx = inst.dl.start(time.Now().Add(timeout))
 	}
-	if h.abandoned.Load() >= int64(h.opts.MaxAbandoned) {
-		return nil, ReasonAbandonLimit, 0
-	}
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	type result struct {
-		out    []int
-		reason Reason
-		code   int32
-	}
-	done := make(chan result, 1)
-	var state atomicState
-	c, reason, _ := inst.prepare(s)
-	if reason != ReasonNone {
-		return nil, reason, 0
-	}
-	go func() {
-		out, reason, code, _ := inst.invoke(cctx, c)
-		if state.finish() {
-			done <- result{out, reason, code}
-			return
-		}
+	out, reason, code, _ := inst.run(ctx, s)
+	if reason == ReasonTimeout {
 		inst.close()
-		h.abandonedNano.Add(int64(time.Since(abandonedAt(cctx))))
-		h.abandoned.Add(-1)
-	}()
-	select {
-	case r := <-done:
-		if r.reason == ReasonTimeout {
-			inst.close()
-		}
-		return r.out, r.reason, r.code
-	case <-cctx.Done():
-		if state.abandon() {
-			h.abandoned.Add(1)
-			h.abandonedN.Add(1)
-			return nil, ReasonTimeout, 0
-		}
-		r := <-done
-		if r.reason == ReasonTimeout {
-			inst.close()
-		}
-		return r.out, r.reason, r.code
 	}
+	return out, reason, code
 }
 
 func healthyCount(s *Snapshot) int {
