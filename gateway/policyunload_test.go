@@ -1,0 +1,200 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore/redistest"
+	"github.com/kvgate/kvgate/plugins"
+)
+
+func hasVersion(g *Gateway, v plugins.Version) bool {
+	return slices.ContainsFunc(g.Host().Versions(), func(i plugins.VersionInfo) bool { return i.Version == v })
+}
+
+// adminCode returns the OpenAI error code of an admin error body ("" if none).
+func adminCode(b []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	json.Unmarshal(b, &e)
+	return e.Error.Code
+}
+
+// One gateway on the memory store: DELETE needs the admin token in every path spelling, and an unloaded
+// version stays unloaded (its stored module is gone, so the reconcile loop does not load it again).
+func TestPolicyUnloadSingleGateway(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
+	v := plugins.VersionOf("gone", plugins.BuiltinWasm)
+	hex10 := string(v)[len("gone@") : len("gone@")+10]
+	for _, p := range []string{"/admin/v1/policies/gone@" + hex10, "//admin/v1/policies/gone@" + hex10,
+		"/%61dmin/v1/policies/gone%40" + hex10, "/v1/../admin/v1/policies/gone@" + hex10, "/ADMIN/v1/policies/gone@" + hex10} {
+		for _, auth := range []string{"", "Bearer wrong", "admintok"} {
+			if st := rawStatus(t, g.Addr(), "DELETE", p, auth); st != 401 {
+				t.Errorf("DELETE %s with %q: %d, want 401", p, auth, st)
+			}
+		}
+	}
+	if st, b := adminDo(t, g, "PUT", "/admin/v1/policies/gone", string(plugins.BuiltinWasm)); st != 201 {
+		t.Fatalf("upload: %d %s", st, b)
+	}
+	// Another gateway serving another model activated it: the store's active value refuses the DELETE.
+	ctx := t.Context()
+	if err := g.store.Blobs.SetActive(ctx, "other-model", []byte(`{"version":"`+string(v)+`","config":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/gone@"+hex10, ""); st != 409 || adminCode(b) != "policy_in_use" ||
+		!strings.Contains(string(b), "the store names it active for other-model") {
+		t.Fatalf("DELETE of a version active in the store: %d %s", st, b)
+	}
+	if err := g.store.Blobs.SetActive(ctx, "other-model", []byte(`{"version":"`+string(g.Host().BuiltinVersion())+`","config":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/gone@"+hex10, ""); st != 200 ||
+		string(b) != `{"version":"`+string(v)+`","unloaded":true}` {
+		t.Fatalf("DELETE: %d %s", st, b)
+	}
+	if _, _, err := g.store.Blobs.GetBlob(t.Context(), string(v)); err == nil {
+		t.Fatal("the stored module is still there")
+	}
+	time.Sleep(3 * PolicyReconcileInterval)
+	if hasVersion(g, v) {
+		t.Fatal("the unloaded version came back")
+	}
+	if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/"+string(v), ""); st != 404 || adminCode(b) != "policy_not_found" {
+		t.Fatalf("DELETE again: %d %s", st, b)
+	}
+	// A stored module this gateway could not load (not Wasm) is listed nowhere but can still be deleted.
+	junk := []byte("not a wasm module")
+	jv := plugins.VersionOf("junk", junk)
+	sha := string(jv)[len("junk@"):]
+	if err := g.store.Blobs.PutBlob(ctx, string(jv), sha, junk); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * PolicyReconcileInterval) // the loader tries it and fails
+	if hasVersion(g, jv) {
+		t.Fatal("junk loaded")
+	}
+	if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/junk@"+sha[:8], ""); st != 200 || !strings.Contains(string(b), string(jv)) {
+		t.Fatalf("DELETE of a stored, unloadable module: %d %s", st, b)
+	}
+	if list, err := g.store.Blobs.ListBlobs(ctx); err != nil || len(list) != 0 {
+		t.Fatalf("stored after the DELETEs: %+v %v", list, err)
+	}
+}
+
+// Two gateways on one real redis-server: a version uploaded on A is loaded by B; DELETE on A is refused
+// while the store names it active (activated through B), and after that while A keeps it warm for a
+// rollback; once free, B unloads it within a few reconcile intervals. A version B still uses (its config
+// names it) stays on B until B stops using it. Uploading the module again brings it back everywhere.
+func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server")
+	}
+	rs := redistest.Start(t)
+	engines := startSims(t, 1, nil)
+	yaml := gwYAML(simEndpointsYAML(engines, 64), fmt.Sprintf("store: {kind: redis, addrs: [%q]}\n", rs.Addr))
+	a := startGateway(t, yaml)
+	b := startGateway(t, yaml)
+	builtin := a.Host().BuiltinVersion()
+	upload := func(g *Gateway, name string, wasm []byte) plugins.Version {
+		t.Helper()
+		if st, body := adminDo(t, g, "PUT", "/admin/v1/policies/"+name, string(wasm)); st != 201 {
+			t.Fatalf("upload %s: %d %s", name, st, body)
+		}
+		return plugins.VersionOf(name, wasm)
+	}
+	activate := func(g *Gateway, v plugins.Version, cfg string) {
+		t.Helper()
+		if st, body := adminDo(t, g, "POST", "/admin/v1/policies/activate", `{"model":"qwen3","version":"`+string(v)+`","config":`+cfg+`}`); st != 200 {
+			t.Fatalf("activate %s: %d %s", v, st, body)
+		}
+	}
+	// follows waits until g's active policy for qwen3 has config cfg.
+	follows := func(g *Gateway, v plugins.Version, cfg string) {
+		t.Helper()
+		if !waitFor(5*time.Second, func() bool { got, c := g.Host().Active("qwen3"); return got == v && string(c) == cfg }) {
+			got, c := g.Host().Active("qwen3")
+			t.Fatalf("active %s %s, want %s %s", got, c, v, cfg)
+		}
+	}
+	del := func(g *Gateway, v plugins.Version) (int, []byte) {
+		t.Helper()
+		return adminDo(t, g, "DELETE", "/admin/v1/policies/"+string(v), "")
+	}
+
+	v := upload(a, "shared", plugins.BuiltinWasm)
+	if !waitFor(30*time.Second, func() bool { return hasVersion(b, v) }) {
+		t.Fatal("b never loaded the uploaded module")
+	}
+	activate(b, v, `{}`)
+	follows(a, v, `{}`)
+	// Active for qwen3 in the store, and on both gateways.
+	if st, body := del(a, v); st != 409 || adminCode(body) != "policy_in_use" || !strings.Contains(string(body), "active for qwen3") {
+		t.Fatalf("DELETE of the active version: %d %s", st, body)
+	}
+	activate(a, builtin, `{"imbalance_threshold":3}`)
+	follows(b, builtin, `{"imbalance_threshold":3}`)
+	// Now the previous activation on both: kept warm for a rollback.
+	if st, body := del(a, v); st != 409 || !strings.Contains(string(body), "previous activation of qwen3 here") {
+		t.Fatalf("DELETE of the previous activation: %d %s", st, body)
+	}
+	activate(a, builtin, `{"imbalance_threshold":4}`)
+	follows(b, builtin, `{"imbalance_threshold":4}`)
+	deleted := time.Now()
+	if st, body := del(a, v); st != 200 || !strings.Contains(string(body), `"unloaded":true`) {
+		t.Fatalf("DELETE: %d %s", st, body)
+	}
+	if hasVersion(a, v) {
+		t.Fatal("a still lists the version")
+	}
+	if !waitFor(4*PolicyReconcileInterval, func() bool { return !hasVersion(b, v) }) {
+		t.Fatalf("b still lists %s %v after the DELETE on a", v, time.Since(deleted))
+	}
+	t.Logf("b unloaded the version %v after the DELETE on a", time.Since(deleted))
+	if st, body := del(b, v); st != 404 || adminCode(body) != "policy_not_found" {
+		t.Fatalf("DELETE on b afterwards: %d %s", st, body)
+	}
+	time.Sleep(2 * PolicyReconcileInterval)
+	if hasVersion(a, v) || hasVersion(b, v) {
+		t.Fatal("the unloaded version came back")
+	}
+
+	// Upload again: both have it back. A third gateway whose config names it activates it at start, then
+	// applies the store's active value (the built-in): the version is its warm previous activation.
+	upload(a, "shared", plugins.BuiltinWasm)
+	if !waitFor(30*time.Second, func() bool { return hasVersion(b, v) }) {
+		t.Fatal("b never loaded the module uploaded again")
+	}
+	c := startGateway(t, strings.Replace(yaml, "    queue_timeout: 400ms\n",
+		"    queue_timeout: 400ms\n    policy: {name: shared, config: {imbalance_threshold: 6}}\n", 1))
+	follows(c, builtin, `{"imbalance_threshold":4}`)
+	// Nothing in the store names it and a does not use it: a and b let it go, c keeps it while it is c's
+	// previous activation.
+	if st, body := del(a, v); st != 200 {
+		t.Fatalf("DELETE while c keeps it warm: %d %s", st, body)
+	}
+	if !waitFor(4*PolicyReconcileInterval, func() bool { return !hasVersion(b, v) }) {
+		t.Fatal("b kept the version")
+	}
+	time.Sleep(2 * PolicyReconcileInterval)
+	if !hasVersion(c, v) {
+		t.Fatal("c unloaded its previous activation")
+	}
+	if st, body := del(c, v); st != 409 || !strings.Contains(string(body), "previous activation of qwen3 here") {
+		t.Fatalf("DELETE on c: %d %s", st, body)
+	}
+	// Once c moves on (the version leaves its warm previous slot), its reconcile unloads it.
+	activate(a, builtin, `{"imbalance_threshold":5}`)
+	follows(c, builtin, `{"imbalance_threshold":5}`)
+	if !waitFor(4*PolicyReconcileInterval, func() bool { return !hasVersion(c, v) }) {
+		t.Fatal("c never unloaded the version once free")
+	}
+}
