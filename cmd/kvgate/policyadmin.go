@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -108,9 +109,10 @@ func uploadSummary(w io.Writer, r admin.UploadResponse) {
 	}
 }
 
-// policyAdminCmds returns `kvgate policy upload|activate|rollback|list`, which call a gateway's admin API.
+// policyAdminCmds returns `kvgate policy upload|activate|rollback|list|unload`, which call a gateway's admin
+// API.
 func policyAdminCmds() []*cobra.Command {
-	var up, act, rb, ls adminClient
+	var up, act, rb, ls, ul adminClient
 	var fullJSON bool
 	upload := &cobra.Command{
 		Use:   "upload NAME FILE.wasm",
@@ -184,5 +186,18 @@ func policyAdminCmds() []*cobra.Command {
 		},
 	}
 	ls.flags(list)
-	return []*cobra.Command{upload, activate, rollback, list}
+	unload := &cobra.Command{
+		Use:   "unload NAME@SHA256",
+		Short: "Unload a policy version from a gateway and remove it from the store (every gateway on the store drops it); refused while in use",
+		Long: "Unload a policy version (a unique prefix of ≥ 8 hex digits will do): the gateway forgets it and removes\n" +
+			"its stored module, so the other gateways on the same store unload it too. Refused (409 policy_in_use)\n" +
+			"while it is active for a model, kept as a model's previous activation (what rollback returns to), named\n" +
+			"by a model's active policy in the store, or the built-in default.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return ul.do(cmd.Context(), cmd.OutOrStdout(), http.MethodDelete, "/admin/v1/policies/"+url.PathEscape(args[0]), "", nil)
+		},
+	}
+	ul.flags(unload)
+	return []*cobra.Command{upload, activate, rollback, list, unload}
 }

@@ -112,8 +112,28 @@ func TestServeAndPolicyCommands(t *testing.T) {
 	if out, err := run("list"); err != nil || !strings.Contains(out, `"imbalance_threshold": 2`) {
 		t.Fatalf("list: %v\n%s", err, out)
 	}
+	if out, err := run("unload", ver[:len("mine@")+10]); err == nil || !strings.Contains(err.Error(), "409") ||
+		!strings.Contains(out, `"code": "policy_in_use"`) || !strings.Contains(out, "active for qwen3") {
+		t.Fatalf("unload of the active version: %v\n%s", err, out)
+	}
 	if out, err := run("rollback", "qwen3"); err != nil || !strings.Contains(out, "three-tier@") {
 		t.Fatalf("rollback: %v\n%s", err, out)
+	}
+	if out, err := run("unload", ver[:len("mine@")+10]); err != nil || out != "{\n  \"version\": \""+ver+"\",\n  \"unloaded\": true\n}\n" {
+		t.Fatalf("unload: %v\n%s", err, out)
+	}
+	if out, err := run("list"); err != nil || strings.Contains(out, ver) {
+		t.Fatalf("list after unload: %v\n%s", err, out)
+	}
+	if out, err := run("unload", ver); err == nil || !strings.Contains(err.Error(), "404") || !strings.Contains(out, `"code": "policy_not_found"`) {
+		t.Fatalf("second unload: %v\n%s", err, out)
+	}
+	if out, err := run("unload", string(plugins.VersionOf(plugins.BuiltinName, plugins.BuiltinWasm))); err == nil ||
+		!strings.Contains(out, "built-in default") {
+		t.Fatalf("unload of the built-in: %v\n%s", err, out)
+	}
+	if out, err := run("upload", "mine", wasm); err != nil || !strings.HasPrefix(out, "accepted "+ver[:len("mine@")+12]) {
+		t.Fatalf("upload after unload: %v\n%s", err, out)
 	}
 	if _, err := run("rollback", "nope"); err == nil {
 		t.Fatal("rollback of an unknown model succeeded")
