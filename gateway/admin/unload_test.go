@@ -153,3 +153,28 @@ func TestResolveVersionErrors(t *testing.T) {
 		t.Fatalf("stored only: %v %v", v, err)
 	}
 }
+
+// FuzzResolveVersion: any string either resolves to a listed version with that name and hex prefix, or
+// gives one of the typed errors; never a panic.
+func FuzzResolveVersion(f *testing.F) {
+	a := strings.Repeat("ab", 32)
+	b := "abababab" + strings.Repeat("cd", 28)
+	vs := []plugins.VersionInfo{{Version: plugins.Version("p@" + a), Name: "p", SHA256: a},
+		{Version: plugins.Version("p@" + b), Name: "p", SHA256: b}, {Version: plugins.Version("q@" + a), Name: "q", SHA256: a}}
+	for _, s := range []string{"p@" + a, "q@ABABABAB", "p@abababab", "p@", "@", "", "p@@abababab", "p@ababababcd"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ResolveVersion(vs, s)
+		if err != nil {
+			if !errors.Is(err, ErrBadVersion) && !errors.Is(err, ErrVersionNotFound) && !errors.Is(err, ErrVersionAmbiguous) {
+				t.Fatalf("%q: untyped error %v", s, err)
+			}
+			return
+		}
+		name, hex, _ := strings.Cut(s, "@")
+		if !strings.HasPrefix(string(v), name+"@"+strings.ToLower(hex)) {
+			t.Fatalf("%q resolved to %s", s, v)
+		}
+	})
+}
