@@ -9,6 +9,7 @@ import (
 	"github.com/kvgate/kvgate/plugins/wasmmeter"
 	"github.com/kvgate/kvgate/sdk"
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
 
@@ -74,6 +75,55 @@ func BenchmarkRank16(b *testing.B) {
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+		})
+	}
+}
+
+// BenchmarkLoopIteration measures what one guest loop iteration costs (ns/op is per iteration, over
+// spin(100000)): "plain" unmetered without interruption, "interrupt" with WithCloseOnContextDone,
+// "metered" instrumented at refill interval 10,000, and "metered-1" at interval 1 (a refill, i.e. a
+// host call, every iteration: what one refill costs).
+func BenchmarkLoopIteration(b *testing.B) {
+	const n = 100000
+	in := readModule(b, "testdata/spin.wasm")
+	for _, v := range []struct {
+		name     string
+		interval int32 // 0: not instrumented
+		intr     bool
+	}{{"plain", 0, false}, {"interrupt", 0, true}, {"metered", 10000, false}, {"metered-1", 1, false}} {
+		b.Run(v.name, func(b *testing.B) {
+			ctx := context.Background()
+			cfg := wazero.NewRuntimeConfigCompiler().WithCloseOnContextDone(v.intr)
+			rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+			defer rt.Close(ctx)
+			wasm := in
+			if v.interval > 0 {
+				m := &meter{Interval: v.interval}
+				_, err := rt.NewHostModuleBuilder(wasmmeter.ImportModule).NewFunctionBuilder().
+					WithGoModuleFunction(api.GoModuleFunc(m.refill), nil, []api.ValueType{api.ValueTypeI32}).
+					Export(wasmmeter.ImportName).Instantiate(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				wasm = instrument(b, in)
+			}
+			mod, err := rt.Instantiate(ctx, wasm)
+			if err != nil {
+				b.Fatal(err)
+			}
+			spin := mod.ExportedFunction("spin")
+			stack := make([]uint64, 1)
+			cctx, cancel := context.WithTimeout(ctx, time.Hour)
+			defer cancel()
+			var runs int
+			for b.Loop() {
+				stack[0] = n
+				if err := spin.CallWithStack(cctx, stack); err != nil || stack[0] != n {
+					b.Fatal(err, stack[0])
+				}
+				runs++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(runs*n), "ns/iter")
 		})
 	}
 }

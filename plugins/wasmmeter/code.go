@@ -69,10 +69,13 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 		p++
 	}
 	out = append(out, b[start:p]...)
+	entry := -1 // where the entry check starts in out, if one was written
 	if p < end && b[p] != 0x03 {
+		entry = len(out)
 		out = append(out, m.check...)
 	}
-	run := p // start of the bytes not yet copied
+	calls := false // the body has a call or call_indirect: it keeps its entry check
+	run := p       // start of the bytes not yet copied
 	for p < end {
 		at := p
 		op := b[p]
@@ -182,7 +185,14 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 			return nil, malformed(at, "truncated or bad immediate of opcode %#x", op)
 		}
 	}
-	return append(out, b[run:end]...), nil
+	out = append(out, b[run:end]...)
+	if entry >= 0 && !calls && m.skipLeafEntry {
+		// A body without calls runs a bounded time between its entry and its loop headers: drop the
+		// entry check (RATIONALE.md, "Which points are metered").
+		n := copy(out[entry:], out[entry+len(m.check):])
+		out = out[:entry+n]
+	}
+	return out, nil
 }
 
 func skipN(p, end, n int) int {

@@ -55,6 +55,7 @@ type module struct {
 	definedFuncs  uint32 // entries of the function section
 	definedGlobal uint32
 	check         []byte // the fuel check sequence, with the global and import indices filled in
+	skipLeafEntry bool   // no entry check in bodies without call or call_indirect
 	scratch       []byte
 }
 
@@ -72,7 +73,7 @@ type module struct {
 // sections or forms outside wazero 1.12's default CoreFeaturesV2) or ErrAlreadyMetered (the module
 // already imports from ImportModule). Instrument does not validate types; wazero does that at compile.
 func Instrument(wasm []byte) ([]byte, error) {
-	m := &module{in: wasm}
+	m := &module{in: wasm, skipLeafEntry: true}
 	if err := m.scan(); err != nil {
 		return nil, err
 	}
