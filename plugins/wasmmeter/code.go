@@ -116,6 +116,7 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 			if err != nil {
 				return nil, err
 			}
+			calls = calls || op == 0x10
 			out = append(out, b[run:p]...)
 			out = appendU32(out, idx)
 			p, run = q, q
@@ -123,6 +124,7 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 			0x39, 0x3a, 0x3b, 0x3c, 0x3d, 0x3e: // loads and stores
 			p = memarg(b, p, end)
 		case 0x11: // call_indirect typeidx tableidx
+			calls = true
 			if p = skipLEB(b, p, end, 5); p >= 0 {
 				p = skipLEB(b, p, end, 5)
 			}
