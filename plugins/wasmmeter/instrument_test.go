@@ -139,8 +139,15 @@ func TestRenumber(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if names := c.ExportedFunctions(); names["fib"] == nil || names["fib"].Name() != "fib" {
+		names := c.ExportedFunctions()
+		if names["fib"] == nil || names["fib"].Name() != "fib" {
 			t.Fatalf("name section: fib's name is %q", names["fib"].Name())
+		}
+		if pn := names["call_t"].ParamNames(); !slices.Equal(pn, []string{"i", "x"}) { // local names (subsection 2)
+			t.Fatalf("name section: call_t's parameter names are %q", pn)
+		}
+		if names["call_t"].Name() != "call_t" || names["started"].Name() != "" {
+			t.Fatalf("name section: call_t named %q, the unnamed export %q", names["call_t"].Name(), names["started"].Name())
 		}
 		mod, err := rt.InstantiateModule(ctx, c, wazero.NewModuleConfig())
 		if err != nil {
