@@ -71,6 +71,26 @@ func TestPolicyUnloadSingleGateway(t *testing.T) {
 	if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/"+string(v), ""); st != 404 || adminCode(b) != "policy_not_found" {
 		t.Fatalf("DELETE again: %d %s", st, b)
 	}
+	// Unload and upload again in quick succession: the last upload stays (a loader pass that listed the
+	// store before the upload's put must not unload it).
+	for range 3 {
+		if st, b := adminDo(t, g, "PUT", "/admin/v1/policies/gone", string(plugins.BuiltinWasm)); st != 201 {
+			t.Fatalf("upload: %d %s", st, b)
+		}
+		if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/"+string(v), ""); st != 200 {
+			t.Fatalf("DELETE: %d %s", st, b)
+		}
+	}
+	if st, b := adminDo(t, g, "PUT", "/admin/v1/policies/gone", string(plugins.BuiltinWasm)); st != 201 {
+		t.Fatalf("upload: %d %s", st, b)
+	}
+	time.Sleep(3 * PolicyReconcileInterval)
+	if !hasVersion(g, v) {
+		t.Fatal("the version uploaded last was unloaded")
+	}
+	if st, b := adminDo(t, g, "DELETE", "/admin/v1/policies/"+string(v), ""); st != 200 {
+		t.Fatalf("DELETE: %d %s", st, b)
+	}
 	// A stored module this gateway could not load (not Wasm) is listed nowhere but can still be deleted.
 	junk := []byte("not a wasm module")
 	jv := plugins.VersionOf("junk", junk)
