@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 
 	"github.com/kvgate/kvgate/plugins/wasmmeter"
@@ -115,7 +116,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 		}
 		code = metered
 	}
-	compiled, err := ver.rt.CompileModule(ctx, code)
+	compiled, err := compileModule(ctx, ver.rt, code)
 	rep.CompileTime = time.Since(start)
 	if err != nil {
 		problem("compile: %v", err)
@@ -244,6 +245,18 @@ func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *
 		inst.close()
 	}
 	return out, reason, code
+}
+
+// compileModule is rt.CompileModule with its panics turned into errors: wazero 1.12 panics on some invalid
+// modules (a call to a function whose type index is out of range: plugins/wasmmeter's fuzz corpus), and an
+// upload must not take the gateway down.
+func compileModule(ctx context.Context, rt wazero.Runtime, wasm []byte) (c wazero.CompiledModule, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c, err = nil, fmt.Errorf("invalid module (the compiler panicked: %v)", r)
+		}
+	}()
+	return rt.CompileModule(ctx, wasm)
 }
 
 func healthyCount(s *Snapshot) int {
