@@ -63,8 +63,8 @@ type module struct {
 // spends one unit of fuel; when the fuel global is <= 0 at such a point, the guest first calls the import
 // (ImportModule.ImportName, type () -> i32) and stores its result as the new fuel. The fuel global is a
 // new, non-exported mutable i32 appended to the global section with initial value 0, so the first check
-// calls refill. A function whose body starts with `loop` gets no separate entry check (the loop header's
-// check runs first). The import is appended after the module's own imports, so every defined function's
+// calls refill. A body that starts with `loop` (the loop header's check runs first) or contains no call
+// or call_indirect (it runs a bounded time between loop headers) gets no entry check. The import is appended after the module's own imports, so every defined function's
 // index grows by one; call, ref.func, exports, the start function, element segments and the "name"
 // section's function and local maps are renumbered ("name" label maps are dropped; DWARF ".debug_*" and
 // "sourceMappingURL" custom sections are dropped because code offsets change). wasm is not modified.
