@@ -57,6 +57,21 @@ func newRuntime(tb testing.TB, m *meter) wazero.Runtime {
 	return rt
 }
 
+// compileErr compiles wasm and returns wazero's error, or the panic wazero 1.12 raises on some invalid
+// modules (plugins/testdata/compilerpanic.wasm) as an error.
+func compileErr(ctx context.Context, rt wazero.Runtime, wasm []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("wazero panicked: %v", r)
+		}
+	}()
+	c, err := rt.CompileModule(ctx, wasm)
+	if err == nil {
+		_ = c.Close(ctx)
+	}
+	return err
+}
+
 // readModule reads a module from a path relative to this package; ".gz" files are decompressed.
 func readModule(tb testing.TB, path string) []byte {
 	tb.Helper()

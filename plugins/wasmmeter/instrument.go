@@ -537,21 +537,15 @@ func (m *module) names(r *reader, s section) ([]byte, *Error) {
 		r.pos = end
 		switch id {
 		case 1, 2:
+			// wazero does not check these indices: an entry naming no function is dropped, not an error.
 			body := m.scratch[:0]
-			n := sub.count(2)
-			body = appendU32(body, n)
-			for ; n > 0 && sub.err == nil; n-- {
+			kept := uint32(0)
+			for n := sub.count(2); n > 0 && sub.err == nil; n-- {
 				at := sub.pos
 				f := sub.u32()
 				if sub.err != nil {
 					break
 				}
-				idx, err := m.remap(f, at)
-				if err != nil {
-					return nil, err
-				}
-				body = appendU32(body, idx)
-				start := sub.pos
 				if id == 1 {
 					sub.name()
 				} else {
@@ -560,15 +554,21 @@ func (m *module) names(r *reader, s section) ([]byte, *Error) {
 						sub.name()
 					}
 				}
-				body = append(body, m.in[start:sub.pos]...)
+				if idx, err := m.remap(f, at); err == nil {
+					body = appendU32(body, idx)
+					body = append(body, m.in[sub.posAfterIndex(at):sub.pos]...)
+					kept++
+				}
 			}
 			if err := sub.finish(); err != nil {
 				return nil, err
 			}
-			out = append(out, id)
-			out = appendU32(out, uint32(len(body)))
-			out = append(out, body...)
 			m.scratch = body
+			count := appendU32(nil, kept)
+			out = append(out, id)
+			out = appendU32(out, uint32(len(count)+len(body)))
+			out = append(out, count...)
+			out = append(out, body...)
 		case 3:
 		default:
 			out = append(out, m.in[subStart:end]...)

@@ -129,6 +129,12 @@ func (r *reader) tableType() {
 	r.limits()
 }
 
+// posAfterIndex returns the position after the u32 LEB128 at at (already read successfully once).
+func (r *reader) posAfterIndex(at int) int {
+	_, p := readU32(r.b, at, len(r.b))
+	return p
+}
+
 // finish returns the sticky error, or a malformed error when the section has bytes left over.
 func (r *reader) finish() *Error {
 	if r.err == nil && r.pos != len(r.b) {
