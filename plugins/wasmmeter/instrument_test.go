@@ -319,3 +319,23 @@ func TestInstrumentDoesNotModifyInput(t *testing.T) {
 		t.Fatal("input modified")
 	}
 }
+
+// TestNameMapStaleEntry: a function-name entry naming no function (wazero does not check them) is
+// dropped; the valid entry is renumbered with its function.
+func TestNameMapStaleEntry(t *testing.T) {
+	wasm := []byte("\x00asm\x01\x00\x00\x00" + "\x01\x04\x01\x60\x00\x00" + "\x03\x02\x01\x00" +
+		"\x07\x05\x01\x01f\x00\x00" + "\x0a\x04\x01\x02\x00\x0b" +
+		"\x00\x14\x04name" + "\x01\x0d\x02" + "\x00\x04main" + "\x05\x04gone")
+	ctx := context.Background()
+	rt := newRuntime(t, &meter{Interval: 1})
+	if err := compileErr(ctx, rt, wasm); err != nil {
+		t.Fatalf("hand-built input does not compile: %v", err)
+	}
+	c, err := rt.CompileModule(ctx, instrument(t, wasm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name := c.ExportedFunctions()["f"].Name(); name != "main" {
+		t.Fatalf("f is named %q, want main", name)
+	}
+}
