@@ -82,6 +82,9 @@ type Endpoint struct {
 	InFlightRequests   uint32  // requests reserved by gateways and not yet finished
 	KVCacheUtilization float32 // fraction of the engine's KV cache in use, [0,1]
 	InFlightTokens     uint64  // prompt+output tokens reserved by gateways
+	// The record's reserved bytes 40..47: with them Endpoint is exactly a v1.0 record (48 bytes), so
+	// the guest SDK reads the snapshot buffer's records in place (recordsInPlace).
+	_ uint64
 }
 
 // Healthy reports whether FlagHealthy is set.
@@ -161,20 +164,35 @@ func clampUtil(u float32) float32 {
 // header; fields a newer minor appends are skipped. It fails with ErrMalformed on a bad magic, sizes
 // smaller than v1.0's, or a buffer shorter than the header says.
 func DecodeSnapshot(buf []byte, s *Snapshot) error {
+	hs, rs, n, err := decodeHeader(buf, &s.Request)
+	if err != nil {
+		return err
+	}
+	if cap(s.Endpoints) < n {
+		s.Endpoints = make([]Endpoint, n)
+	}
+	s.Endpoints = s.Endpoints[:n]
+	decodeRecords(buf, hs, rs, s.Endpoints)
+	return nil
+}
+
+// decodeHeader checks buf's header, decodes the request into req and returns the header size, the
+// record size and the record count (the records lie within buf).
+func decodeHeader(buf []byte, req *Request) (hs, rs, n int, err error) {
 	if len(buf) < HeaderSize {
-		return ErrMalformed
+		return 0, 0, 0, ErrMalformed
 	}
 	le := binary.LittleEndian
 	if le.Uint32(buf[0:]) != Magic {
-		return ErrMalformed
+		return 0, 0, 0, ErrMalformed
 	}
-	hs := int(le.Uint16(buf[6:]))
-	rs := int(le.Uint16(buf[8:]))
-	n := int(le.Uint32(buf[12:]))
+	hs = int(le.Uint16(buf[6:]))
+	rs = int(le.Uint16(buf[8:]))
+	n = int(le.Uint32(buf[12:]))
 	if hs < HeaderSize || rs < RecordSize || n < 0 || n > (len(buf)-hs)/rs || hs > len(buf) {
-		return ErrMalformed
+		return 0, 0, 0, ErrMalformed
 	}
-	s.Request = Request{
+	*req = Request{
 		Seq:          le.Uint64(buf[16:]),
 		PromptTokens: le.Uint32(buf[24:]),
 		PromptBlocks: le.Uint32(buf[28:]),
@@ -182,25 +200,36 @@ func DecodeSnapshot(buf []byte, s *Snapshot) error {
 		ModelHash:    le.Uint64(buf[40:]),
 		Seed:         le.Uint64(buf[48:]),
 	}
-	if cap(s.Endpoints) < n {
-		s.Endpoints = make([]Endpoint, n)
-	}
-	s.Endpoints = s.Endpoints[:n]
-	off := hs
-	if littleEndian {
-		// Endpoint's memory layout is the record's first 40 bytes (TestEndpointLayout), so on
-		// little-endian machines (wasm, amd64, arm64) a record is one copy; Go's wasm backend does
-		// not combine byte loads, which made field-by-field decoding the guest's largest cost.
-		for i := 0; i < n; i++ {
-			b := buf[off : off+RecordSize]
-			s.Endpoints[i] = *(*Endpoint)(unsafe.Pointer(&b[0]))
-			off += rs
-		}
+	return hs, rs, n, nil
+}
+
+// recordsInPlace returns the n records at buf[hs:] as Endpoints sharing buf's memory, or nil when the
+// layout does not allow it (big-endian machine, a record size other than v1.0's, misaligned buffer).
+// The header must have passed decodeHeader.
+func recordsInPlace(buf []byte, hs, rs, n int) []Endpoint {
+	if !littleEndian || rs != RecordSize || n == 0 || uintptr(unsafe.Pointer(&buf[hs]))%unsafe.Alignof(Endpoint{}) != 0 {
 		return nil
 	}
-	for i := 0; i < n; i++ {
+	return unsafe.Slice((*Endpoint)(unsafe.Pointer(&buf[hs])), n)
+}
+
+// decodeRecords copies the len(eps) records at buf[hs:] (stride rs) into eps.
+func decodeRecords(buf []byte, hs, rs int, eps []Endpoint) {
+	le := binary.LittleEndian
+	off := hs
+	if littleEndian {
+		// Endpoint's memory layout is the record's first 48 bytes (TestEndpointLayout), so on
+		// little-endian machines (wasm, amd64, arm64) a record is one copy.
+		for i := range eps {
+			b := buf[off : off+RecordSize]
+			eps[i] = *(*Endpoint)(unsafe.Pointer(&b[0]))
+			off += rs
+		}
+		return
+	}
+	for i := range eps {
 		b := buf[off : off+RecordSize]
-		s.Endpoints[i] = Endpoint{
+		eps[i] = Endpoint{
 			Index:              le.Uint32(b[0:]),
 			Flags:              le.Uint32(b[4:]),
 			GPUBlocks:          le.Uint32(b[8:]),
@@ -213,7 +242,6 @@ func DecodeSnapshot(buf []byte, s *Snapshot) error {
 		}
 		off += rs
 	}
-	return nil
 }
 
 // PutRanking writes idx as little-endian uint32 values at the start of buf (the ABI's ranking layout) and

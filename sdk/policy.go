@@ -86,6 +86,7 @@ func (r *Ranking) Check(n int, seen []bool) error {
 type guest struct {
 	policy  Policy
 	snap    Snapshot
+	own     []Endpoint // records copied out of the buffer when they cannot be used in place
 	ranking Ranking
 	// seen[v] == gen marks index v as used by the current call; gen advances per call, so the marks
 	// need no clearing pass (one guest loop fewer per call; cleared only when gen wraps).
@@ -106,7 +107,7 @@ func Register(p Policy) {
 	}
 	registered = guest{
 		policy:  p,
-		snap:    Snapshot{Endpoints: make([]Endpoint, 0, 64)},
+		own:     make([]Endpoint, 64),
 		ranking: Ranking{idx: make([]uint32, 0, 64)},
 		seen:    make([]uint32, 64),
 	}
@@ -142,10 +143,21 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 			code = ErrCodePanic
 		}
 	}()
-	if err := DecodeSnapshot(buf[:n], &g.snap); err != nil {
+	hs, rs, ne, err := decodeHeader(buf[:n], &g.snap.Request)
+	if err != nil {
 		return ErrCodeMalformed
 	}
-	ne := len(g.snap.Endpoints)
+	// A v1.0 snapshot's records are used in place; the policy sees them until it returns, and the
+	// ranking is written over the buffer only after that.
+	if eps := recordsInPlace(buf[:n], hs, rs, ne); eps != nil {
+		g.snap.Endpoints = eps
+	} else {
+		if cap(g.own) < ne {
+			g.own = make([]Endpoint, ne)
+		}
+		g.snap.Endpoints = g.own[:ne]
+		decodeRecords(buf[:n], hs, rs, g.snap.Endpoints)
+	}
 	if 4*ne > len(buf) {
 		return ErrCodeTooMany
 	}

@@ -281,15 +281,15 @@ func TestStandardLibraryOnly(t *testing.T) {
 	}
 }
 
-// TestEndpointLayout: Endpoint's fields sit at the record offsets of ABI.md, which DecodeSnapshot's
-// single-copy path relies on.
+// TestEndpointLayout: Endpoint's fields sit at the record offsets of ABI.md and its size is a v1.0
+// record's, which DecodeSnapshot's single-copy path and the guest's in-place records rely on.
 func TestEndpointLayout(t *testing.T) {
 	var e Endpoint
 	got := []uintptr{unsafe.Offsetof(e.Index), unsafe.Offsetof(e.Flags), unsafe.Offsetof(e.GPUBlocks),
 		unsafe.Offsetof(e.CPUBlocks), unsafe.Offsetof(e.Waiting), unsafe.Offsetof(e.Running),
 		unsafe.Offsetof(e.InFlightRequests), unsafe.Offsetof(e.KVCacheUtilization), unsafe.Offsetof(e.InFlightTokens)}
 	want := []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 32}
-	if !slices.Equal(got, want) || unsafe.Sizeof(e) != 40 {
+	if !slices.Equal(got, want) || unsafe.Sizeof(e) != RecordSize {
 		t.Fatalf("offsets %v size %d", got, unsafe.Sizeof(e))
 	}
 }
@@ -321,5 +321,55 @@ func TestChooseSeenGenerations(t *testing.T) {
 				t.Fatalf("gen start %d call %d: duplicate got code %d", start, call, code)
 			}
 		}
+	}
+}
+
+// recorder keeps a copy of the endpoints it was given and ranks them in order.
+type recorder struct {
+	BasePolicy
+	got []Endpoint
+}
+
+func (p *recorder) Choose(s *Snapshot, r *Ranking) error {
+	p.got = slices.Clone(s.Endpoints)
+	for _, e := range s.Endpoints {
+		r.Add(e.Index)
+	}
+	return nil
+}
+
+// TestChooseInPlaceThenCopied: one guest serves a v1.0 snapshot (records used in place, sharing the
+// buffer) and then a newer minor's (records copied): the second call must neither write into the first
+// buffer nor see stale records, and both rankings are written back.
+func TestChooseInPlaceThenCopied(t *testing.T) {
+	p := &recorder{}
+	g := &guest{policy: p}
+	want := goldenSnapshot().Endpoints
+	first := golden()
+	firstCopy := slices.Clone(first)
+	if code := g.handleChoose(first, len(first)); code != 2 || !slices.Equal(p.got, want) {
+		t.Fatalf("v1.0: code %d, endpoints %+v", code, p.got)
+	}
+	if !littleEndian || len(g.snap.Endpoints) == 0 || unsafe.Pointer(&g.snap.Endpoints[0]) != unsafe.Pointer(&first[64]) {
+		t.Fatalf("v1.0 records were not used in place")
+	}
+	if binary.LittleEndian.Uint32(first[0:]) != 0 || binary.LittleEndian.Uint32(first[4:]) != 1 {
+		t.Fatalf("ranking not written: % x", first[:8])
+	}
+	const hs, rs = 72, 56
+	b := make([]byte, hs+2*rs)
+	copy(b, firstCopy[:64])
+	binary.LittleEndian.PutUint16(b[6:], hs)
+	binary.LittleEndian.PutUint16(b[8:], rs)
+	for i := range 2 {
+		copy(b[hs+i*rs:], firstCopy[64+i*48:64+(i+1)*48])
+	}
+	b[hs+rs+16] = 9 // endpoint 1 now has 9 waiting requests
+	before := slices.Clone(first)
+	if code := g.handleChoose(b, len(b)); code != 2 || p.got[0] != want[0] || p.got[1].Waiting != 9 {
+		t.Fatalf("newer minor: code %d, endpoints %+v", code, p.got)
+	}
+	if !slices.Equal(first, before) {
+		t.Fatalf("the copied call wrote into the previous call's buffer")
 	}
 }

@@ -19,7 +19,9 @@ package threetier
 
 import (
 	"math"
+	"math/bits"
 	"slices"
+	"unsafe"
 
 	"github.com/kvgate/kvgate/sdk"
 )
@@ -67,13 +69,13 @@ func (t Tier) String() string {
 }
 
 type item struct {
-	// hi is the first sort key: group (0 first) in bit 63 and, in the affinity branch for group 0, the
-	// match rate's float64 bits subtracted from the largest positive bits (higher rate first; a
-	// non-negative float64 orders like its bits). It is 0 in the miss branch.
+	// hi is the first key of the full comparison (rankFull): group (0 first) in bit 63 and, in the
+	// affinity branch for group 0, the match rate's float64 bits subtracted from the largest positive
+	// bits (higher rate first; a non-negative float64 orders like its bits). It is 0 in the miss branch.
 	hi   uint64
-	rate float64 // match rate (never NaN, never negative)
-	load uint64  // lower first
-	key  uint64  // seeded tie-break, lower first
+	rate float64 // match rate (never NaN; never negative with CPUWeight in [0,1])
+	load uint64  // lower first; below 2^33 (two uint32 counters)
+	key  uint64  // seeded tie-break, lower first; distinct per index (TieKey is a bijection of it)
 	idx  uint32
 }
 
@@ -91,10 +93,8 @@ func before(a, b *item) bool {
 	return hlt || heq && (llt || leq && (klt || keq && ilt))
 }
 
-// sortPerm orders perm (positions in items) by before. Small fleets use a binary insertion sort: Go's
-// wasm code pays for every loop iteration and comparison (the comparison loop was a third of a 16-endpoint
-// call), and binary search needs ~45 comparisons at 16 endpoints where linear insertion needs ~80; the
-// moves are a memmove of 4-byte positions. pdqsort above 64.
+// sortPerm orders perm (positions in items) by before: binary insertion up to 64 positions, pdqsort
+// above.
 func sortPerm(perm []uint32, items []item) {
 	if len(perm) > 64 {
 		slices.SortFunc(perm, func(a, b uint32) int {
@@ -131,7 +131,8 @@ func sortPerm(perm []uint32, items []item) {
 type Ranker struct {
 	Config Config // thresholds and weights every Rank call uses
 	items  []item
-	perm   []uint32 // positions in items, sorted by Rank
+	keys   []uint64 // packed sort keys (fast path); capacity ≥ 16 for the sorting networks
+	perm   []uint32 // positions in items, sorted by rankFull
 }
 
 // New returns a Ranker for cfg.
@@ -148,9 +149,234 @@ func MatchRate(gpu, cpu, blockSize, promptTokens uint32, cpuWeight float64) floa
 	return float64(credit*float64(blockSize)) / float64(promptTokens)
 }
 
+// Packed key layout of the fast path, most significant bit first:
+//
+//	63      group: 1 = after the others (overloaded in affinity, not drawn in balance)
+//	62..40  rate field (affinity, group 0 only): 2^23−1 − (rate bits >> 40), so higher rates first
+//	39..6   load in its lb bits (lb = bits.Len64 of the highest load, ≤ 33), then the tie key's top 34−lb bits
+//	5..0    position in items
+//
+// The key orders exactly like before() unless two keys tie above the position bits or two group-0
+// affinity keys share a rate field with different rates; emit detects both and Rank then reranks with
+// rankFull.
+const (
+	posBits   = 6
+	posMask   = 1<<posBits - 1
+	fieldLow  = 40 // lowest bit of the rate field
+	rateField = 1<<23 - 1
+	group     = 1 << 63
+)
+
+// maxFast is the largest fleet the packed keys hold (positions in 6 bits).
+const maxFast = 1 << posBits
+
+// overLimit turns the imbalance threshold t into an integer: float64(d) > t ⇔ int64(d) > overLimit(t)
+// for every load difference 0 ≤ d < 2^33.
+func overLimit(t float64) int64 {
+	switch {
+	case t != t: // NaN: nothing compares greater
+		return math.MaxInt64
+	case t < 0:
+		return -1
+	case t >= 1<<62:
+		return math.MaxInt64
+	}
+	return int64(t) // floor(t): an integer exceeds t iff it exceeds floor(t)
+}
+
 // Rank appends the ranking of s (Endpoint.Index values, best first) to out and returns it with the
 // branch taken.
+//
+// Up to 64 endpoints it sorts one packed 64-bit key per endpoint (sorting networks up to 16, insertion
+// above): in Go's wasm code every loop iteration and taken branch goes through the function's dispatch
+// loop, so the fast path keeps its loops in small functions without branches. It falls back to
+// rankFull (the multi-field comparison) above 64 endpoints, for a CPU weight outside [0,1] and when the
+// packed keys cannot decide an order.
 func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
+	cfg := &r.Config
+	req := &s.Request
+	n := len(s.Endpoints)
+	if n > maxFast || !(cfg.CPUWeight >= 0 && cfg.CPUWeight <= 1) {
+		return r.rankFull(s, out)
+	}
+	if cap(r.items) < n || cap(r.keys) < max(n, 16) {
+		r.items = make([]item, n)
+		r.keys = make([]uint64, max(n, 16))
+	}
+	bs, pt, w := float64(req.BlockSize), float64(req.PromptTokens), cfg.CPUWeight
+	if req.PromptTokens == 0 { // MatchRate's empty prompt: every rate is +0, without a branch per endpoint
+		bs, pt, w = 0, 1, 0
+	}
+	k, minLoad, maxLoad := scan(s.Endpoints, r.items[:n], req.Seed, bs, pt, w)
+	if k == 0 {
+		return out, TierNone
+	}
+	items := r.items[:k]
+	keys := r.keys[:k]
+	lb := uint(bits.Len64(maxLoad))
+	bf, bo, nOver := classify(items, keys, minLoad, overLimit(cfg.ImbalanceThreshold), lb)
+	bestFree, bestOver := math.Float64frombits(bf), math.Float64frombits(bo)
+	if nOver == len(items) {
+		bestFree = -1
+	}
+	if nOver == 0 {
+		bestOver = -1
+	}
+	var tier Tier
+	switch {
+	case bestFree >= cfg.MatchThreshold:
+		tier = TierAffinity
+	case bestOver >= cfg.MatchThreshold:
+		tier = TierBalance
+		a, b := drawTwo(req.Seed, len(items))
+		for i := range keys {
+			keys[i] = keys[i]&(1<<fieldLow-1) | group
+		}
+		keys[a] &^= group
+		keys[b] &^= group
+	default:
+		tier = TierMiss
+		for i := range keys {
+			keys[i] &= 1<<fieldLow - 1
+		}
+	}
+	switch w := r.keys[:cap(r.keys)]; {
+	case len(keys) <= 8:
+		for i := len(keys); i < 8; i++ {
+			w[i] = math.MaxUint64
+		}
+		sortNet8((*[8]uint64)(w))
+	case len(keys) <= 16:
+		for i := len(keys); i < 16; i++ {
+			w[i] = math.MaxUint64
+		}
+		sortNet16((*[16]uint64)(w))
+	default:
+		sortKeys(keys)
+	}
+	res, tied := emit(slices.Grow(out, len(keys)), keys, items)
+	if tied {
+		return r.rankFull(s, out)
+	}
+	return res, tier
+}
+
+// drawTwo is the balance branch's power of two choices: two distinct positions in [0,n) drawn with
+// sdk.Rand seeded by the request's seed. With n = 1 (only possible with a negative imbalance threshold,
+// which ParseConfig rejects) both are 0.
+func drawTwo(seed uint64, n int) (a, b int) {
+	if n < 2 {
+		return 0, 0
+	}
+	rng := sdk.NewRand(seed)
+	a = rng.Intn(n)
+	b = rng.Intn(n - 1)
+	if b >= a {
+		b++
+	}
+	return a, b
+}
+
+// scan writes the healthy endpoints' load, match rate, tie key and index to items[0:k] and returns k
+// with the lowest and highest load among them. The body has no branch: an unhealthy endpoint's item is
+// written and then overwritten (k does not advance), and it counts in neither load bound.
+//
+//go:noinline
+func scan(eps []sdk.Endpoint, items []item, seed uint64, bs, pt, w float64) (k int, minLoad, maxLoad uint64) {
+	minLoad = math.MaxUint64
+	items = items[:len(eps)]
+	base := unsafe.Pointer(unsafe.SliceData(items))
+	for i := range eps {
+		e := &eps[i]
+		h := uint64(e.Flags & sdk.FlagHealthy)
+		load := uint64(e.Waiting) + uint64(e.InFlightRequests)
+		minLoad = min(minLoad, load|(h-1))
+		maxLoad = max(maxLoad, load&-h)
+		// The same operations as MatchRate (uint32 → int64 → float64 is exact and avoids wasm's
+		// unsigned conversion).
+		credit := float64(int64(e.GPUBlocks)) + float64(w*float64(int64(e.CPUBlocks)))
+		// k ≤ i < len(items), so items[k] needs no bounds check (a taken jump in Go's wasm code).
+		it := (*item)(unsafe.Add(base, uintptr(k)*unsafe.Sizeof(item{})))
+		it.rate = float64(credit*bs) / pt
+		it.load = load
+		it.key = sdk.TieKey(seed, e.Index)
+		it.idx = e.Index
+		k += int(h)
+	}
+	return k, minLoad, maxLoad
+}
+
+// classify writes each item's packed key as the affinity branch wants it and returns the bits of the
+// best match rates of the free and the overloaded items (rates are ≥ 0, so their bits order like them)
+// and the number of overloaded ones.
+//
+//go:noinline
+func classify(items []item, keys []uint64, minLoad uint64, limit int64, lb uint) (bestFree, bestOver uint64, nOver int) {
+	keys = keys[:len(items)]
+	for i := range items {
+		it := &items[i]
+		rb := math.Float64bits(it.rate)
+		var m uint64 // all ones when overloaded
+		if int64(it.load-minLoad) > limit {
+			m = math.MaxUint64
+		}
+		nOver += int(m & 1)
+		rf := (rateField - rb>>fieldLow) << fieldLow
+		keys[i] = it.load<<(fieldLow-lb) | it.key>>(30+lb)<<posBits | uint64(i) | group&m | rf&^m
+		bestOver = max(bestOver, rb&m)
+		bestFree = max(bestFree, rb&^m)
+	}
+	return bestFree, bestOver, nOver
+}
+
+// emit appends the indices of the items in key order and reports whether the packed keys failed to
+// decide the order: two keys equal above the position bits, or adjacent keys with the same nonzero
+// rate field (group 0 in affinity) whose exact rates differ.
+//
+//go:noinline
+func emit(out []uint32, keys []uint64, items []item) ([]uint32, bool) {
+	o := len(out)
+	out = out[:o+len(keys)]
+	dst := out[o:]
+	dst = dst[:len(keys)]
+	base := unsafe.Pointer(unsafe.SliceData(items))
+	var tied uint64
+	prev, prevRate := uint64(math.MaxUint64), uint64(0)
+	for j, kk := range keys {
+		// The position bits are < len(items) (classify wrote them).
+		it := (*item)(unsafe.Add(base, uintptr(kk&posMask)*unsafe.Sizeof(item{})))
+		rb := math.Float64bits(it.rate)
+		top := kk >> fieldLow
+		var t, u uint64
+		if kk>>posBits == prev>>posBits {
+			t = 1
+		}
+		if top == prev>>fieldLow && rb != prevRate {
+			u = top & rateField
+		}
+		tied |= t | u
+		prev, prevRate = kk, rb
+		dst[j] = it.idx
+	}
+	return out, tied != 0
+}
+
+// sortKeys is an insertion sort of keys (17 to 64 of them).
+func sortKeys(keys []uint64) {
+	for i := 1; i < len(keys); i++ {
+		x := keys[i]
+		j := i
+		for j > 0 && keys[j-1] > x {
+			keys[j] = keys[j-1]
+			j--
+		}
+		keys[j] = x
+	}
+}
+
+// rankFull is the ranking with the multi-field comparison (before) over positions: the reference
+// order the packed keys reproduce.
+func (r *Ranker) rankFull(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	cfg := &r.Config
 	req := &s.Request
 	items := r.items[:0]
@@ -165,31 +391,19 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 		if first || load < minLoad {
 			minLoad, first = load, false
 		}
-		// Fields are stored one by one: a 40-byte composite literal would be built aside and then
-		// copied with memory.copy in Wasm.
-		if len(items) == cap(items) {
-			items = append(items, item{})
-		} else {
-			items = items[:len(items)+1]
-		}
-		it := &items[len(items)-1]
-		it.rate = MatchRate(e.GPUBlocks, e.CPUBlocks, req.BlockSize, req.PromptTokens, cfg.CPUWeight)
-		it.load = load
-		it.key = sdk.TieKey(req.Seed, e.Index)
-		it.idx = e.Index
+		items = append(items, item{rate: MatchRate(e.GPUBlocks, e.CPUBlocks, req.BlockSize, req.PromptTokens, cfg.CPUWeight),
+			load: load, key: sdk.TieKey(req.Seed, e.Index), idx: e.Index})
 	}
 	r.items = items
 	if len(items) == 0 {
 		return out, TierNone
 	}
-	// One pass marks overload, fills perm and sets hi as the affinity branch (the common one) wants it;
-	// the other branches rewrite hi. Every guest loop iteration counts.
 	bestFree, bestOver := -1.0, -1.0
 	perm := r.perm[:0]
 	for i := range items {
 		it := &items[i]
 		if float64(it.load-minLoad) > cfg.ImbalanceThreshold {
-			it.hi = 1 << 63
+			it.hi = group
 			bestOver = max(bestOver, it.rate)
 		} else {
 			it.hi = maxRateBits - math.Float64bits(it.rate)
@@ -204,14 +418,9 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 		tier = TierAffinity
 	case bestOver >= cfg.MatchThreshold:
 		tier = TierBalance
-		rng := sdk.NewRand(req.Seed)
-		a := rng.Intn(len(items))
-		b := rng.Intn(len(items) - 1)
-		if b >= a {
-			b++
-		}
+		a, b := drawTwo(req.Seed, len(items))
 		for i := range items {
-			items[i].hi = 1 << 63
+			items[i].hi = group
 		}
 		items[a].hi, items[b].hi = 0, 0
 	default:

@@ -3,6 +3,7 @@ package threetier
 import (
 	"cmp"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -178,6 +179,105 @@ func TestRankMatchesReference(t *testing.T) {
 	for _, tr := range []Tier{TierAffinity, TierBalance, TierMiss} {
 		if tiers[tr] < 500 {
 			t.Errorf("only %d snapshots took %v: %v", tiers[tr], tr, tiers)
+		}
+	}
+}
+
+// TestSortNetworks: by the 0-1 principle a comparator network sorts every input iff it sorts every
+// input of zeros and ones; all 2^8 and 2^16 of them are checked.
+func TestSortNetworks(t *testing.T) {
+	for m := range 1 << 8 {
+		var k [8]uint64
+		for i := range k {
+			k[i] = uint64(m >> i & 1)
+		}
+		sortNet8(&k)
+		if !slices.IsSorted(k[:]) {
+			t.Fatalf("sortNet8(%08b) = %v", m, k)
+		}
+	}
+	for m := range 1 << 16 {
+		var k [16]uint64
+		for i := range k {
+			k[i] = uint64(m >> i & 1)
+		}
+		sortNet16(&k)
+		if !slices.IsSorted(k[:]) {
+			t.Fatalf("sortNet16(%016b) = %v", m, k)
+		}
+	}
+}
+
+// TestRankPackedKeyLimits: snapshots built to defeat the packed keys, each ranked exactly as refRank:
+// loads near 2^33 (one tie-key bit left, so prefixes tie), and long prompts where different match rates
+// share the top 23 bits (the rate field). The test also checks that such collisions really occur.
+func TestRankPackedKeyLimits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	collisions := 0
+	for iter := range 5000 {
+		n := 2 + rng.IntN(40)
+		cfg := DefaultConfig()
+		cfg.CPUWeight = []float64{0.8, 0.7, 0.3, 1.0 / 3, 0}[rng.IntN(5)]
+		s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: 1<<20 + uint32(rng.IntN(1<<20)), BlockSize: 16, Seed: rng.Uint64()}}
+		big := iter%2 == 0
+		for i := range n {
+			e := sdk.Endpoint{Index: uint32(i), Flags: sdk.FlagHealthy,
+				GPUBlocks: 1<<15 + uint32(rng.IntN(64)), CPUBlocks: uint32(rng.IntN(64)), Waiting: uint32(rng.IntN(3))}
+			if big {
+				e.Waiting, e.InFlightRequests = math.MaxUint32-uint32(rng.IntN(2)), math.MaxUint32
+				e.GPUBlocks = 0
+			}
+			s.Endpoints = append(s.Endpoints, e)
+		}
+		rates := map[uint64]float64{}
+		for _, e := range s.Endpoints {
+			r := MatchRate(e.GPUBlocks, e.CPUBlocks, 16, s.Request.PromptTokens, cfg.CPUWeight)
+			if old, ok := rates[math.Float64bits(r)>>fieldLow]; ok && old != r {
+				collisions++
+			}
+			rates[math.Float64bits(r)>>fieldLow] = r
+		}
+		want, wantTier := refRank(cfg, s)
+		got, gotTier := New(cfg).Rank(s, nil)
+		if gotTier != wantTier || !slices.Equal(got, want) {
+			t.Fatalf("iter %d: got %v %v, want %v %v", iter, gotTier, got, wantTier, want)
+		}
+	}
+	if collisions < 100 {
+		t.Fatalf("only %d rate-field collisions: the test does not exercise the fallback", collisions)
+	}
+}
+
+// TestRankOddConfigs: thresholds outside the documented ranges (negative, NaN, infinite, fractional)
+// rank exactly as refRank's float comparisons; a CPU weight outside [0,1] takes rankFull.
+func TestRankOddConfigs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	cfgs := []Config{
+		{ImbalanceThreshold: -1, MatchThreshold: 0.1, CPUWeight: 0.8},
+		{ImbalanceThreshold: math.NaN(), MatchThreshold: 0.1, CPUWeight: 0.8},
+		{ImbalanceThreshold: math.Inf(1), MatchThreshold: 0, CPUWeight: 0.8},
+		{ImbalanceThreshold: 2.5, MatchThreshold: math.NaN(), CPUWeight: 0.8},
+		{ImbalanceThreshold: 0, MatchThreshold: 1, CPUWeight: 1},
+		{ImbalanceThreshold: 3, MatchThreshold: 0.2, CPUWeight: 2},
+	}
+	for iter := range 6000 {
+		cfg := cfgs[iter%len(cfgs)]
+		n := 2 + rng.IntN(30)
+		s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: uint32(rng.IntN(200)), BlockSize: 16, Seed: rng.Uint64()}}
+		for i := range n {
+			// Two healthy at least: with a negative threshold every endpoint is overloaded, and
+			// refRank's power of two choices needs two.
+			flags := uint32(rng.IntN(8)+7) / 8 // healthy 7 in 8
+			if i < 2 {
+				flags = sdk.FlagHealthy
+			}
+			s.Endpoints = append(s.Endpoints, sdk.Endpoint{Index: uint32(i), Flags: flags,
+				GPUBlocks: uint32(rng.IntN(5)), CPUBlocks: uint32(rng.IntN(5)), Waiting: uint32(rng.IntN(9)), InFlightRequests: uint32(rng.IntN(3))})
+		}
+		want, wantTier := refRank(cfg, s)
+		got, gotTier := New(cfg).Rank(s, nil)
+		if gotTier != wantTier || !slices.Equal(got, want) {
+			t.Fatalf("iter %d cfg %+v: got %v %v, want %v %v", iter, cfg, got, gotTier, want, wantTier)
 		}
 	}
 }
