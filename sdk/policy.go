@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
+	"unsafe"
 )
 
 // Policy ranks the endpoints of one request. One value serves one Wasm instance, which the host calls
@@ -164,8 +166,8 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 	if cap(g.ranking.idx) < ne {
 		g.ranking.idx = make([]uint32, 0, ne)
 	}
-	if len(g.seen) < ne {
-		g.seen = make([]uint32, ne)
+	if len(g.seen) <= ne {
+		g.seen = make([]uint32, ne+1)
 	}
 	g.gen++
 	if g.gen == 0 {
@@ -177,23 +179,59 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 	if err := g.policy.Choose(&g.snap, &g.ranking); err != nil {
 		return ErrCodePolicy
 	}
-	// Check and write back in one pass: with interruption on, every loop iteration of a guest costs
-	// an exit to the host (~25 ns in wazero 1.12), so the SDK keeps its loops few.
 	idx := g.ranking.idx
 	if len(idx) > ne {
 		return ErrCodeInvalidRanking
 	}
-	code = int32(len(idx))
-	for k, v := range idx {
-		if int64(v) >= int64(ne) || g.seen[v] == gen {
-			code = ErrCodeInvalidRanking
-			break
-		}
-		g.seen[v] = gen
-		binary.LittleEndian.PutUint32(buf[4*k:], v)
-	}
-	return code
+	return putChecked(buf[:4*len(idx)], idx, g.seen[:ne+1], gen)
 }
+
+// putChecked writes idx as the ABI's ranking (little-endian uint32 values) over buf and returns its
+// length, or ErrCodeInvalidRanking when an index is ≥ len(seen)−1 (the endpoint count) or repeats;
+// seen[v] == gen marks index v used by this call, and seen's last slot absorbs out-of-range values.
+// buf holds exactly 4·len(idx) bytes.
+//
+// Check and write back are one pass without a branch or a bounds check in the loop: in Go's wasm code
+// every jump goes through the function's dispatch loop, and with interruption on every loop iteration
+// also exits to the host, so the SDK keeps its loops few and straight.
+//
+//go:noinline
+func putChecked(buf []byte, idx, seen []uint32, gen uint32) int32 {
+	ne := uint32(len(seen) - 1)
+	buf = buf[:4*len(idx)]
+	seenp := unsafe.Pointer(unsafe.SliceData(seen))
+	var bad uint32
+	for k, v := range idx {
+		// j = min(v, ne) ≤ ne < len(seen), in arithmetic: the compiler will not use a select for a
+		// value that addresses memory, and a branch is a jump through the dispatch loop.
+		d := int64(v) - int64(ne)
+		m := uint64(d >> 63) // all ones when v < ne
+		j := uint64(ne) + uint64(d)&m
+		s := (*uint32)(unsafe.Add(seenp, uintptr(j)*4))
+		var b, c uint32
+		if v >= ne {
+			b = 1
+		}
+		if *s == gen {
+			c = 1
+		}
+		bad |= b | c
+		*s = gen
+		if wasmGuest {
+			// Wasm has no alignment rule and is little-endian: one 32-bit store.
+			*(*uint32)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(buf)), uintptr(k)*4)) = v
+		} else {
+			binary.LittleEndian.PutUint32(buf[4*k:], v)
+		}
+	}
+	if bad != 0 {
+		return ErrCodeInvalidRanking
+	}
+	return int32(len(idx))
+}
+
+// wasmGuest is true when this package is compiled into a Wasm guest.
+const wasmGuest = runtime.GOARCH == "wasm"
 
 // ChooseABI runs p on an encoded snapshot exactly as the Wasm exports would (decode, Choose, check,
 // write the ranking at buf[0:]), natively. It returns the ranking length or a negative ErrCode. Test

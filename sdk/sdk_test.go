@@ -143,6 +143,18 @@ type dup struct{ BasePolicy }
 
 func (dup) Choose(_ *Snapshot, r *Ranking) error { r.Add(0); r.Add(0); return nil }
 
+// adds ranks exactly its own indices, valid or not.
+type adds []uint32
+
+func (adds) Init([]byte) error { return nil }
+
+func (a adds) Choose(_ *Snapshot, r *Ranking) error {
+	for _, v := range a {
+		r.Add(v)
+	}
+	return nil
+}
+
 type failing struct{ BasePolicy }
 
 func (failing) Choose(*Snapshot, *Ranking) error { return errors.New("no") }
@@ -164,6 +176,10 @@ func TestChooseABI(t *testing.T) {
 	}{
 		"panic":     {panicky{}, ErrCodePanic, nil},
 		"duplicate": {dup{}, ErrCodeInvalidRanking, nil},
+		"index = n": {adds{1, 2}, ErrCodeInvalidRanking, nil},
+		"index max": {adds{math.MaxUint32}, ErrCodeInvalidRanking, nil},
+		"too many":  {adds{0, 1, 0}, ErrCodeInvalidRanking, nil},
+		"partial":   {adds{1}, 1, []uint32{1}},
 		"error":     {failing{}, ErrCodePolicy, nil},
 		"ok":        {reverse{}, 2, []uint32{1, 0}},
 	} {
@@ -371,5 +387,29 @@ func TestChooseInPlaceThenCopied(t *testing.T) {
 	}
 	if !slices.Equal(first, before) {
 		t.Fatalf("the copied call wrote into the previous call's buffer")
+	}
+}
+
+// TestChooseOutOfRangeThenValid: an out-of-range index marks seen's spare slot; the next calls on the
+// same guest (valid rankings that use every index) must still pass, and a later duplicate still fails.
+func TestChooseOutOfRangeThenValid(t *testing.T) {
+	p := &adds{}
+	g := &guest{policy: p}
+	for i, c := range []struct {
+		rank []uint32
+		code int32
+	}{{[]uint32{0, 7}, ErrCodeInvalidRanking}, {[]uint32{1, 0}, 2}, {[]uint32{0, 1}, 2}, {[]uint32{1, 1}, ErrCodeInvalidRanking}, {[]uint32{0}, 1}} {
+		*p = c.rank
+		buf := golden()
+		if code := g.handleChoose(buf, len(buf)); code != c.code {
+			t.Fatalf("call %d %v: code %d, want %d", i, c.rank, code, c.code)
+		}
+		if c.code > 0 {
+			for k, v := range c.rank {
+				if got := binary.LittleEndian.Uint32(buf[4*k:]); got != v {
+					t.Fatalf("call %d: entry %d = %d", i, k, got)
+				}
+			}
+		}
 	}
 }

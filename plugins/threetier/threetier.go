@@ -222,38 +222,11 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	if nOver == 0 {
 		bestOver = -1
 	}
-	var tier Tier
-	switch {
-	case bestFree >= cfg.MatchThreshold:
-		tier = TierAffinity
-	case bestOver >= cfg.MatchThreshold:
-		tier = TierBalance
-		a, b := drawTwo(req.Seed, len(items))
-		for i := range keys {
-			keys[i] = keys[i]&(1<<fieldLow-1) | group
-		}
-		keys[a] &^= group
-		keys[b] &^= group
-	default:
-		tier = TierMiss
-		for i := range keys {
-			keys[i] &= 1<<fieldLow - 1
-		}
+	tier := TierAffinity
+	if !(bestFree >= cfg.MatchThreshold) {
+		tier = rekey(keys, bestOver >= cfg.MatchThreshold, req.Seed)
 	}
-	switch w := r.keys[:cap(r.keys)]; {
-	case len(keys) <= 8:
-		for i := len(keys); i < 8; i++ {
-			w[i] = math.MaxUint64
-		}
-		sortNet8((*[8]uint64)(w))
-	case len(keys) <= 16:
-		for i := len(keys); i < 16; i++ {
-			w[i] = math.MaxUint64
-		}
-		sortNet16((*[16]uint64)(w))
-	default:
-		sortKeys(keys)
-	}
+	sortPacked(keys, r.keys[:cap(r.keys)])
 	res, tied := emit(slices.Grow(out, len(keys)), keys, items)
 	if tied {
 		return r.rankFull(s, out)
@@ -347,14 +320,18 @@ func emit(out []uint32, keys []uint64, items []item) ([]uint32, bool) {
 		it := (*item)(unsafe.Add(base, uintptr(kk&posMask)*unsafe.Sizeof(item{})))
 		rb := math.Float64bits(it.rate)
 		top := kk >> fieldLow
-		var t, u uint64
+		// Three flags combined without && or ||: each short-circuit is a jump in Go's wasm code.
+		var t, u, v uint64
 		if kk>>posBits == prev>>posBits {
 			t = 1
 		}
-		if top == prev>>fieldLow && rb != prevRate {
+		if top == prev>>fieldLow {
 			u = top & rateField
 		}
-		tied |= t | u
+		if rb != prevRate {
+			v = 1
+		}
+		tied |= t | u*v
 		prev, prevRate = kk, rb
 		dst[j] = it.idx
 	}
@@ -456,4 +433,44 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 	out, _ := p.r.Rank(s, r.AppendTo())
 	r.Set(out)
 	return nil
+}
+
+// rekey rewrites the affinity keys classify wrote for the balance branch (the two drawn endpoints
+// first, then all by load) or the miss branch (all by load) and returns the branch.
+//
+//go:noinline
+func rekey(keys []uint64, balance bool, seed uint64) Tier {
+	if !balance {
+		for i := range keys {
+			keys[i] &= 1<<fieldLow - 1
+		}
+		return TierMiss
+	}
+	a, b := drawTwo(seed, len(keys))
+	for i := range keys {
+		keys[i] = keys[i]&(1<<fieldLow-1) | group
+	}
+	keys[a] &^= group
+	keys[b] &^= group
+	return TierBalance
+}
+
+// sortPacked sorts keys (at most 64) ascending; all is keys' backing array with room for 16.
+//
+//go:noinline
+func sortPacked(keys, all []uint64) {
+	switch {
+	case len(keys) <= 8:
+		for i := len(keys); i < 8; i++ {
+			all[i] = math.MaxUint64
+		}
+		sortNet8((*[8]uint64)(all))
+	case len(keys) <= 16:
+		for i := len(keys); i < 16; i++ {
+			all[i] = math.MaxUint64
+		}
+		sortNet16((*[16]uint64)(all))
+	default:
+		sortKeys(keys)
+	}
 }
