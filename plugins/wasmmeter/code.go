@@ -1,5 +1,7 @@
 package wasmmeter
 
+import "math"
+
 // code rewrites the code section: each body gets the fuel check after its locals (unless it starts with
 // `loop`) and after every loop's block type, and its call and ref.func indices renumbered. Unchanged
 // instruction bytes are copied in runs.
@@ -25,7 +27,7 @@ func (m *module) code(out []byte, s section) ([]byte, *Error) {
 		bodyAt := len(out)
 		out = append(out, 0, 0, 0, 0, 0)
 		var err *Error
-		if out, err = m.body(out, b, q, q+int(size)); err != nil {
+		if out, err = m.body(out, b, q, q+int(size), m.typeParams[m.funcTypes[i]]); err != nil {
 			return nil, err
 		}
 		out = fixSize(out, bodyAt)
@@ -47,17 +49,24 @@ func fixSize(out []byte, at int) []byte {
 	return out[:len(out)-(5-len(enc))]
 }
 
-// body rewrites one function body b[p:end] onto out.
-func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
+// body rewrites one function body b[p:end] onto out; params is the function's parameter count.
+func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, *Error) {
 	start := p
+	outStart := len(out)
 	groups, p := readU32(b, p, end)
 	if p < 0 || uint64(groups)*2 > uint64(end-p) {
 		return nil, malformed(start, "bad local declarations")
 	}
+	numGroups, countEnd := groups, p
+	locals := uint64(params) // index of the scratch local bulk-operation charges use
 	for ; groups > 0; groups-- {
 		at := p
-		if _, p = readU32(b, p, end); p < 0 || p >= end {
+		var n uint32
+		if n, p = readU32(b, p, end); p < 0 || p >= end {
 			return nil, malformed(at, "bad local declaration")
+		}
+		if locals += uint64(n); locals >= math.MaxUint32 {
+			return nil, malformed(at, "too many locals")
 		}
 		switch t := b[p]; t {
 		case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
@@ -68,6 +77,7 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 		}
 		p++
 	}
+	localsEnd := p
 	out = append(out, b[start:p]...)
 	entry := -1 // where the entry check starts in out, if one was written
 	if p < end && b[p] != 0x03 {
@@ -75,6 +85,7 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 		out = append(out, m.check...)
 	}
 	calls := false // the body has a call or call_indirect: it keeps its entry check
+	bulk := false  // a bulk operation was charged: the scratch local must be declared
 	run := p       // start of the bytes not yet copied
 	for p < end {
 		at := p
@@ -162,8 +173,14 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 			}
 		case 0xfc:
 			var err *Error
-			if p, err = miscOp(b, p, end); err != nil {
+			var sub uint32
+			if p, sub, err = miscOp(b, p, end); err != nil {
 				return nil, err
+			}
+			if shift := bulkShift(sub); shift > 0 && p >= 0 {
+				out = append(out, b[run:at]...)
+				out = m.charge(out, uint32(locals), shift)
+				run, bulk = at, true
 			}
 		case 0xfd:
 			var err *Error
@@ -194,7 +211,45 @@ func (m *module) body(out []byte, b []byte, p, end int) ([]byte, *Error) {
 		n := copy(out[entry:], out[entry+len(m.check):])
 		out = out[:entry+n]
 	}
+	if bulk {
+		// Declare the scratch local: the group count grows by one and a group (1 x i32) follows the
+		// existing ones; the instructions after them move.
+		tail := append([]byte(nil), out[outStart+(localsEnd-start):]...)
+		out = appendU32(out[:outStart], numGroups+1)
+		out = append(out, b[countEnd:localsEnd]...)
+		out = append(out, 0x01, 0x7f)
+		out = append(out, tail...)
+	}
 	return out, nil
+}
+
+// bulkShift returns how many bits to shift a 0xFC instruction's length operand to get its fuel (one unit
+// per KiB: bytes >> 10 for memory.init/copy/fill, 8-byte entries >> 7 for table.init/copy/grow/fill), or
+// 0 for the other 0xFC instructions.
+func bulkShift(sub uint32) byte {
+	switch sub {
+	case 8, 10, 11: // memory.init, memory.copy, memory.fill
+		return 10
+	case 12, 14, 15, 17: // table.init, table.copy, table.grow, table.fill
+		return 7
+	}
+	return 0
+}
+
+// charge appends, before a bulk operation whose length n is on top of the stack:
+// local.set L; fuel -= n >> shift; <check>; local.get L.
+func (m *module) charge(out []byte, scratch uint32, shift byte) []byte {
+	out = append(out, 0x21)
+	out = appendU32(out, scratch)
+	out = append(out, 0x23)
+	out = appendU32(out, m.fuel)
+	out = append(out, 0x20)
+	out = appendU32(out, scratch)
+	out = append(out, 0x41, shift, 0x76, 0x6b, 0x24) // i32.const shift; i32.shr_u; i32.sub; global.set
+	out = appendU32(out, m.fuel)
+	out = append(out, m.check...)
+	out = append(out, 0x20)
+	return appendU32(out, scratch)
 }
 
 func skipN(p, end, n int) int {
@@ -234,24 +289,24 @@ func memarg(b []byte, p, end int) int {
 
 // miscOp skips a 0xFC instruction: saturating truncations (0–7), bulk memory and table operations
 // (8–17).
-func miscOp(b []byte, p, end int) (int, *Error) {
+func miscOp(b []byte, p, end int) (int, uint32, *Error) {
 	at := p
 	sub, p := readU32(b, p, end)
 	if p < 0 {
-		return -1, nil
+		return -1, 0, nil
 	}
 	switch {
 	case sub <= 7:
-		return p, nil
+		return p, sub, nil
 	case sub == 8 || sub == 10 || sub == 12 || sub == 14: // two indices
 		if p = skipLEB(b, p, end, 5); p < 0 {
-			return -1, nil
+			return -1, sub, nil
 		}
-		return skipLEB(b, p, end, 5), nil
+		return skipLEB(b, p, end, 5), sub, nil
 	case sub <= 17:
-		return skipLEB(b, p, end, 5), nil
+		return skipLEB(b, p, end, 5), sub, nil
 	}
-	return -1, unsupported(at-1, "opcode 0xfc %d", sub)
+	return -1, sub, unsupported(at-1, "opcode 0xfc %d", sub)
 }
 
 // simdOp skips a 0xFD instruction's immediates (fixed-width SIMD, opcodes 0–255).

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 )
 
 // gcLoop runs runtime.GC back to back until stop is closed and reports how many cycles finished and the
@@ -46,24 +48,37 @@ func TestRunawayStoppedWithGC(t *testing.T) {
 		name, file string
 		seq        uint64 // snapshot sequence number (bomb's trigger)
 		start      bool   // the runaway is the start function: stopped during instantiation
+		export     string // call this export of a non-policy module instead
 	}{
-		{"calltree", "calltree.wasm", 0, false},
-		{"recurse", "recurse.wasm", 0, false},
-		{"loop", "loop.wasm", 0, false},
-		{"bomb-for", "bomb.wasm", 1001, false},
-		{"bomb-calltree", "bomb.wasm", 1002, false},
-		{"slowstart", "slowstart.wasm", 0, true},
+		{"calltree", "calltree.wasm", 0, false, ""},
+		{"recurse", "recurse.wasm", 0, false, ""},
+		{"loop", "loop.wasm", 0, false, ""},
+		{"bomb-for", "bomb.wasm", 1001, false, ""},
+		{"bomb-calltree", "bomb.wasm", 1002, false, ""},
+		{"slowstart", "slowstart.wasm", 0, true, ""},
+		{"bulk-fill", "bulk", 0, false, "forever"}, // endless 8 MiB memory.fill: stopped between two fills
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			m := &meter{Interval: 10000}
 			rt := newRuntime(t, m)
-			compiled, err := rt.CompileModule(context.Background(), instrument(t, readModule(t, "../testdata/"+c.file)))
+			path := "../testdata/" + c.file
+			if c.export != "" {
+				path = "testdata/" + c.file + ".wasm"
+			}
+			compiled, err := rt.CompileModule(context.Background(), instrument(t, readModule(t, path)))
 			if err != nil {
 				t.Fatal(err)
 			}
 			var p *policy
-			if !c.start {
+			var fn api.Function
+			if c.export != "" {
+				mod, err := rt.InstantiateModule(context.Background(), compiled, wazero.NewModuleConfig())
+				if err != nil {
+					t.Fatal(err)
+				}
+				fn = mod.ExportedFunction(c.export)
+			} else if !c.start {
 				if p, err = newPolicy(context.Background(), t, rt, compiled); err != nil {
 					t.Fatal(err)
 				}
@@ -75,9 +90,12 @@ func TestRunawayStoppedWithGC(t *testing.T) {
 			defer cancel()
 			before := m.calls.Load()
 			t0 := time.Now()
-			if c.start {
+			switch {
+			case fn != nil:
+				_, err = fn.Call(ctx)
+			case c.start:
 				_, err = newPolicy(ctx, t, rt, compiled)
-			} else {
+			default:
 				s := randomSnapshot(1, 4)
 				s.Request.Seq = c.seq
 				_, _, err = p.rank(ctx, &s)

@@ -54,8 +54,11 @@ type module struct {
 	globalImports uint32
 	definedFuncs  uint32 // entries of the function section
 	definedGlobal uint32
-	check         []byte // the fuel check sequence, with the global and import indices filled in
-	skipLeafEntry bool   // no entry check in bodies without call or call_indirect
+	check         []byte   // the fuel check sequence, with the global and import indices filled in
+	skipLeafEntry bool     // no entry check in bodies without call or call_indirect
+	typeParams    []uint32 // parameter count of each type
+	funcTypes     []uint32 // type index of each defined function
+	fuel          uint32   // index of the fuel global
 	scratch       []byte
 }
 
@@ -141,8 +144,14 @@ func (m *module) analyze() *Error {
 		case secFunction:
 			r := &reader{b: m.in[:s.end], pos: s.start}
 			n := r.count(1)
+			m.funcTypes = make([]uint32, 0, n)
 			for i := uint32(0); i < n && r.err == nil; i++ {
-				r.u32()
+				at := r.pos
+				t := r.u32()
+				if r.err == nil && t >= m.numTypes {
+					return malformed(at, "type index %d out of range", t)
+				}
+				m.funcTypes = append(m.funcTypes, t)
 			}
 			m.definedFuncs = n
 			err = r.finish()
@@ -166,6 +175,7 @@ func (m *module) analyze() *Error {
 		return malformed(0, "too many functions or globals")
 	}
 	fuel := m.globalImports + m.definedGlobal
+	m.fuel = fuel
 	// if (fuel <= 0) { fuel = refill() }; fuel--
 	c := []byte{0x23}
 	c = appendU32(c, fuel)
@@ -195,7 +205,11 @@ func (m *module) readTypes(s section) *Error {
 			}
 		}
 		for k := 0; k < 2 && r.err == nil; k++ { // params, results
-			for n := r.count(1); n > 0 && r.err == nil; n-- {
+			n := r.count(1)
+			if k == 0 {
+				m.typeParams = append(m.typeParams, n)
+			}
+			for ; n > 0 && r.err == nil; n-- {
 				r.valType()
 			}
 		}
