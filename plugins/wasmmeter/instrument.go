@@ -64,13 +64,19 @@ type module struct {
 
 // Instrument returns a copy of wasm in which every defined function's entry and every `loop` header
 // spends one unit of fuel; when the fuel global is <= 0 at such a point, the guest first calls the import
-// (ImportModule.ImportName, type () -> i32) and stores its result as the new fuel. The fuel global is a
-// new, non-exported mutable i32 appended to the global section with initial value 0, so the first check
+// (ImportModule.ImportName, type () -> i32) and stores its result as the new fuel (the host must return
+// a value in [1, 2^30]; <= 0 means "ask again at the next point"). The fuel global is a new,
+// non-exported mutable i32 appended to the global section with initial value 0, so the first check
 // calls refill. A body that starts with `loop` (the loop header's check runs first) or contains no call
-// or call_indirect (it runs a bounded time between loop headers) gets no entry check. The import is appended after the module's own imports, so every defined function's
-// index grows by one; call, ref.func, exports, the start function, element segments and the "name"
-// section's function and local maps are renumbered ("name" label maps are dropped; DWARF ".debug_*" and
-// "sourceMappingURL" custom sections are dropped because code offsets change). wasm is not modified.
+// or call_indirect (it runs a bounded time between loop headers) gets no entry check. Bulk operations
+// (memory.init/copy/fill, table.init/copy/grow/fill) additionally spend one unit per KiB of their
+// length, checked before they run (such bodies get one extra i32 local).
+//
+// The import is appended after the module's own imports, so every defined function's index grows by
+// one; call, ref.func, exports, the start function, element segments and the "name" section's function
+// and local maps are renumbered ("name" label maps are dropped, as are name entries naming no function;
+// DWARF ".debug_*" and "sourceMappingURL" custom sections are dropped because code offsets change).
+// wasm is not modified.
 //
 // Errors are *Error wrapping ErrMalformed (with the byte offset of the problem), ErrUnsupported (opcodes,
 // sections or forms outside wazero 1.12's default CoreFeaturesV2) or ErrAlreadyMetered (the module
