@@ -131,6 +131,20 @@ func EncodeSnapshot(buf []byte, s *Snapshot) (int, error) {
 	le.PutUint64(h[48:], r.Seed)
 	le.PutUint64(h[56:], 0)
 	off := HeaderSize
+	if littleEndian && n > 0 {
+		// Endpoint is a v1.0 record in memory (TestEndpointLayout): one copy for all records, then
+		// the clamp and the reserved word per record (the host encodes on every routing decision).
+		copy(buf[off:size], unsafe.Slice((*byte)(unsafe.Pointer(&s.Endpoints[0])), n*RecordSize))
+		for i := range s.Endpoints {
+			b := buf[off : off+RecordSize]
+			if u := s.Endpoints[i].KVCacheUtilization; !(u >= 0 && u <= 1) {
+				le.PutUint32(b[28:], math.Float32bits(clampUtil(u)))
+			}
+			le.PutUint64(b[40:], 0)
+			off += RecordSize
+		}
+		return size, nil
+	}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		b := buf[off : off+RecordSize]

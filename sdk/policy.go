@@ -145,37 +145,12 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 			code = ErrCodePanic
 		}
 	}()
-	hs, rs, ne, err := decodeHeader(buf[:n], &g.snap.Request)
-	if err != nil {
-		return ErrCodeMalformed
+	// The work around Choose is in small functions: Go's wasm code spills every register a function
+	// uses at each jump, and a smaller hot path is less code to fetch again after the CPU was taken away.
+	ne, code := g.load(buf, n)
+	if code != 0 {
+		return code
 	}
-	// A v1.0 snapshot's records are used in place; the policy sees them until it returns, and the
-	// ranking is written over the buffer only after that.
-	if eps := recordsInPlace(buf[:n], hs, rs, ne); eps != nil {
-		g.snap.Endpoints = eps
-	} else {
-		if cap(g.own) < ne {
-			g.own = make([]Endpoint, ne)
-		}
-		g.snap.Endpoints = g.own[:ne]
-		decodeRecords(buf[:n], hs, rs, g.snap.Endpoints)
-	}
-	if 4*ne > len(buf) {
-		return ErrCodeTooMany
-	}
-	if cap(g.ranking.idx) < ne {
-		g.ranking.idx = make([]uint32, 0, ne)
-	}
-	if len(g.seen) <= ne {
-		g.seen = make([]uint32, ne+1)
-	}
-	g.gen++
-	if g.gen == 0 {
-		clear(g.seen)
-		g.gen = 1
-	}
-	gen := g.gen
-	g.ranking.Reset()
 	if err := g.policy.Choose(&g.snap, &g.ranking); err != nil {
 		return ErrCodePolicy
 	}
@@ -183,7 +158,57 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 	if len(idx) > ne {
 		return ErrCodeInvalidRanking
 	}
-	return putChecked(buf[:4*len(idx)], idx, g.seen[:ne+1], gen)
+	return putChecked(buf[:4*len(idx)], idx, g.seen[:ne+1], g.gen)
+}
+
+// load decodes the snapshot in buf[:n] into g.snap, readies the ranking and the duplicate marks for a
+// call and returns the endpoint count, or a negative error code.
+//
+//go:noinline
+func (g *guest) load(buf []byte, n int) (int, int32) {
+	hs, rs, ne, err := decodeHeader(buf[:n], &g.snap.Request)
+	if err != nil {
+		return 0, ErrCodeMalformed
+	}
+	if 4*ne > len(buf) {
+		return 0, ErrCodeTooMany
+	}
+	// A v1.0 snapshot's records are used in place; the policy sees them until it returns, and the
+	// ranking is written over the buffer only after that.
+	if eps := recordsInPlace(buf[:n], hs, rs, ne); eps != nil {
+		g.snap.Endpoints = eps
+	} else {
+		g.copyRecords(buf[:n], hs, rs, ne)
+	}
+	if cap(g.ranking.idx) < ne || len(g.seen) <= ne {
+		g.grow(ne)
+	}
+	g.gen++
+	if g.gen == 0 {
+		clear(g.seen)
+		g.gen = 1
+	}
+	g.ranking.Reset()
+	return ne, 0
+}
+
+// copyRecords decodes the ne records at buf[hs:] (stride rs) into the guest's own endpoint array.
+func (g *guest) copyRecords(buf []byte, hs, rs, ne int) {
+	if cap(g.own) < ne {
+		g.own = make([]Endpoint, ne)
+	}
+	g.snap.Endpoints = g.own[:ne]
+	decodeRecords(buf, hs, rs, g.snap.Endpoints)
+}
+
+// grow makes room for a ranking of ne indices and their duplicate marks (one spare slot).
+func (g *guest) grow(ne int) {
+	if cap(g.ranking.idx) < ne {
+		g.ranking.idx = make([]uint32, 0, ne)
+	}
+	if len(g.seen) <= ne {
+		g.seen = make([]uint32, ne+1)
+	}
 }
 
 // putChecked writes idx as the ABI's ranking (little-endian uint32 values) over buf and returns its

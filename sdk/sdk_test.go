@@ -318,6 +318,36 @@ func TestDecodePortable(t *testing.T) {
 	TestDecodeNewerMinor(t)
 }
 
+// TestEncodePortable: the field-by-field encoder (big-endian hosts) writes the same bytes as the
+// single-copy one.
+func TestEncodePortable(t *testing.T) {
+	defer func(v bool) { littleEndian = v }(littleEndian)
+	littleEndian = false
+	TestEncodeGolden(t)
+	TestEncodeClampsAndRejects(t)
+	TestEncodeZeroesReserved(t)
+}
+
+// TestEncodeZeroesReserved: an Endpoint decoded from a record whose reserved bytes are set (its blank
+// field then holds them) is encoded with the reserved bytes 0, as ABI.md requires.
+func TestEncodeZeroesReserved(t *testing.T) {
+	b := golden()
+	for i := 40; i < 48; i++ {
+		b[64+i], b[112+i] = 0xff, 0xee
+	}
+	var s Snapshot
+	if err := DecodeSnapshot(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, EncodedSize(2))
+	if _, err := EncodeSnapshot(out, &s); err != nil {
+		t.Fatal(err)
+	}
+	if want := golden(); !slices.Equal(out, want) {
+		t.Fatalf("encoded\\n%x\\nwant\\n%x", out, want)
+	}
+}
+
 // TestChooseSeenGenerations: the duplicate check's per-call marks stay correct across many calls on one
 // guest and across the generation counter's wrap (an old call's marks must not reject a valid ranking,
 // and a duplicate must still be caught).

@@ -200,8 +200,7 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 		return r.rankFull(s, out)
 	}
 	if cap(r.items) < n || cap(r.keys) < max(n, 16) {
-		r.items = make([]item, n)
-		r.keys = make([]uint64, max(n, 16))
+		r.grow(n)
 	}
 	bs, pt, w := float64(req.BlockSize), float64(req.PromptTokens), cfg.CPUWeight
 	if req.PromptTokens == 0 { // MatchRate's empty prompt: every rate is +0, without a branch per endpoint
@@ -473,4 +472,12 @@ func sortPacked(keys, all []uint64) {
 	default:
 		sortKeys(keys)
 	}
+}
+
+// grow makes the fast path's scratch room for n endpoints (the keys at least 16, for the networks).
+//
+//go:noinline
+func (r *Ranker) grow(n int) {
+	r.items = make([]item, n)
+	r.keys = make([]uint64, max(n, 16))
 }
