@@ -3,8 +3,9 @@ package wasmmeter
 import "math"
 
 // code rewrites the code section: each body gets the fuel check after its locals (unless it starts with
-// `loop`) and after every loop's block type, and its call and ref.func indices renumbered. Unchanged
-// instruction bytes are copied in runs.
+// `loop` or makes no call), after every loop's block type, and a length charge plus check before every
+// bulk operation; its call and ref.func indices are renumbered. Unchanged instruction bytes are copied
+// in runs.
 func (m *module) code(out []byte, s section) ([]byte, *Error) {
 	b := m.in[:s.end]
 	n, p := readU32(b, s.start, s.end)

@@ -6,8 +6,10 @@
 // The host function is Go code. It can check the call's deadline and abort the call by panicking with an
 // error (wazero returns that error from the export's Call), and, being Go, it is a point where the Go
 // scheduler and garbage collector can stop the goroutine. Any unbounded execution passes a loop header or
-// a function entry, so a metered call runs at most one fuel interval past the moment its refill first
-// refuses — including loop-free call trees, which wazero's WithCloseOnContextDone cannot interrupt.
+// a function entry, and bulk memory and table operations spend one unit per KiB of their length, so a
+// metered call runs at most about one fuel interval past the moment its refill first refuses (plus one
+// bulk operation in flight) — including loop-free call trees, which wazero's WithCloseOnContextDone
+// cannot interrupt.
 //
 // Instrument accepts what wazero 1.12 accepts by default (api.CoreFeaturesV2: MVP, sign extension,
 // non-trapping conversions, bulk memory, reference types, multi-value, SIMD). Other proposals (threads,
