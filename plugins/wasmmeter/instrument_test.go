@@ -287,6 +287,10 @@ func TestErrors(t *testing.T) {
 		// i32.const with a truncated LEB
 		{"truncated immediate", hdr + "\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x05\x01\x03\x00\x41\x80",
 			wasmmeter.ErrMalformed, 23},
+		// a table with an initializer expression (function references proposal)
+		{"table init expr", hdr + "\x04\x09\x01\x40\x00\x70\x00\x01\xd0\x70\x0b", wasmmeter.ErrUnsupported, 11},
+		// a function of type 5 with one type: wazero 1.12 panics on such modules when they call it
+		{"type index", hdr + "\x01\x04\x01\x60\x00\x00\x03\x02\x01\x05", wasmmeter.ErrMalformed, 17},
 		// two bodies declared, one function
 		{"body count", hdr + "\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x0a\x04\x02\x02\x00\x0b",
 			wasmmeter.ErrMalformed, 20},
