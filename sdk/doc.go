@@ -8,7 +8,8 @@
 //
 // the package exports the ABI v1 functions with //go:wasmexport and hides the flat binary layout: the host
 // writes the snapshot into a fixed buffer the guest exports, the SDK decodes it into a reused Snapshot (no
-// allocation per call), calls Choose, checks the Ranking and writes it back. A panic inside Init or Choose
+// allocation per call; a v1.0 snapshot's endpoint records are used in place, since Endpoint has the
+// record's 48-byte layout), calls Choose, checks the Ranking and writes it back. A panic inside Init or Choose
 // is recovered and returned to the host as ErrCodePanic, so the instance stays usable.
 //
 // The same code builds natively (the exports are only compiled for wasip1), so a policy can be unit-tested
