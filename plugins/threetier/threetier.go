@@ -187,7 +187,7 @@ func overLimit(t float64) int64 {
 // Rank appends the ranking of s (Endpoint.Index values, best first) to out and returns it with the
 // branch taken.
 //
-// Up to 64 endpoints it sorts one packed 64-bit key per endpoint (sorting networks up to 16, insertion
+// Up to 64 endpoints it sorts one packed 64-bit key per endpoint (sorting networks up to 16, merged
 // above): in Go's wasm code every loop iteration and taken branch goes through the function's dispatch
 // loop, so the fast path keeps its loops in small functions without branches. It falls back to
 // rankFull (the multi-field comparison) above 64 endpoints, for a CPU weight outside [0,1] and when the
@@ -199,7 +199,7 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	if n > maxFast || !(cfg.CPUWeight >= 0 && cfg.CPUWeight <= 1) {
 		return r.rankFull(s, out)
 	}
-	if cap(r.items) < n || cap(r.keys) < max(n, 16) {
+	if cap(r.items) < n || cap(r.keys) < keysCap(n) {
 		r.grow(n)
 	}
 	bs, pt, w := float64(req.BlockSize), float64(req.PromptTokens), cfg.CPUWeight
@@ -337,19 +337,6 @@ func emit(out []uint32, keys []uint64, items []item) ([]uint32, bool) {
 	return out, tied != 0
 }
 
-// sortKeys is an insertion sort of keys (17 to 64 of them).
-func sortKeys(keys []uint64) {
-	for i := 1; i < len(keys); i++ {
-		x := keys[i]
-		j := i
-		for j > 0 && keys[j-1] > x {
-			keys[j] = keys[j-1]
-			j--
-		}
-		keys[j] = x
-	}
-}
-
 // rankFull is the ranking with the multi-field comparison (before) over positions: the reference
 // order the packed keys reproduce.
 func (r *Ranker) rankFull(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
@@ -470,7 +457,56 @@ func sortPacked(keys, all []uint64) {
 		}
 		sortNet16((*[16]uint64)(all))
 	default:
-		sortKeys(keys)
+		sortMerge(keys, all)
+	}
+}
+
+// mergePad fills the last block of 16 above the keys for sortMerge: larger than every key (the top key
+// is group | 2^40−1), smaller than the merge sentinel.
+const mergePad = math.MaxUint64 - 1
+
+// sortMerge sorts keys (17 to 64 of them): blocks of 16 by sortNet16, then runs merged pairwise. all
+// is keys' backing array, with room for a multiple of 16 keys plus the merge's scratch (2·64 + 2).
+func sortMerge(keys, all []uint64) {
+	n := (len(keys) + 15) &^ 15
+	w := all[:n]
+	for i := len(keys); i < n; i++ {
+		w[i] = mergePad
+	}
+	for b := 0; b+16 <= n; b += 16 {
+		sortNet16((*[16]uint64)(w[b : b+16]))
+	}
+	tmp := all[n : n+n+2]
+	for width := 16; width < n; width *= 2 {
+		for lo := 0; lo+width < n; lo += 2 * width {
+			mergeRuns(w[lo:min(lo+2*width, n)], width, tmp)
+		}
+	}
+}
+
+// mergeRuns merges the sorted runs w[:m] and w[m:] in place, through tmp (len(w)+2 words): each run is
+// copied there followed by a sentinel larger than every key, so the loop needs no end tests.
+//
+//go:noinline
+func mergeRuns(w []uint64, m int, tmp []uint64) {
+	tmp = tmp[:len(w)+2]
+	copy(tmp, w[:m])
+	tmp[m] = math.MaxUint64
+	copy(tmp[m+1:], w[m:])
+	tmp[len(w)+1] = math.MaxUint64
+	base := unsafe.Pointer(unsafe.SliceData(tmp))
+	i, j := uintptr(0), uintptr(m+1)
+	for k := range w {
+		// i ≤ m and j ≤ len(w)+1: a run never advances past its sentinel while the other has keys left.
+		x := *(*uint64)(unsafe.Add(base, i*8))
+		y := *(*uint64)(unsafe.Add(base, j*8))
+		var t uintptr
+		if x <= y {
+			t = 1
+		}
+		w[k] = min(x, y)
+		i += t
+		j += 1 - t
 	}
 }
 
@@ -479,5 +515,12 @@ func sortPacked(keys, all []uint64) {
 //go:noinline
 func (r *Ranker) grow(n int) {
 	r.items = make([]item, n)
-	r.keys = make([]uint64, max(n, 16))
+	r.keys = make([]uint64, keysCap(n))
+}
+
+// keysCap is the room the fast path's keys need for n endpoints: the keys padded to a multiple of 16
+// (at least 16, for the networks), then sortMerge's scratch (as many again plus two sentinels).
+func keysCap(n int) int {
+	w := max((n+15)&^15, 16)
+	return 2*w + 2
 }

@@ -281,3 +281,29 @@ func TestRankOddConfigs(t *testing.T) {
 		}
 	}
 }
+
+// TestSortMerge: 17 to 64 distinct random keys (sorted by 16-networks and merged) come out as
+// slices.Sort orders them, including keys at the top of the packed range.
+func TestSortMerge(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for iter := range 3000 {
+		n := 17 + iter%48
+		all := make([]uint64, keysCap(n))
+		keys := all[:n]
+		for i := range keys {
+			keys[i] = rng.Uint64()&^posMask | uint64(i)
+			if keys[i]&group != 0 { // group 1 has no rate field
+				keys[i] &= group | (1<<fieldLow - 1)
+			}
+			if rng.IntN(8) == 0 {
+				keys[i] = group | (1<<fieldLow-1)&^posMask | uint64(i) // the largest key a snapshot can give
+			}
+		}
+		want := slices.Clone(keys)
+		slices.Sort(want)
+		sortMerge(keys, all)
+		if !slices.Equal(keys, want) {
+			t.Fatalf("n=%d: got %x, want %x", n, keys, want)
+		}
+	}
+}
