@@ -54,6 +54,9 @@ func fixSize(out []byte, at int) []byte {
 func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, *Error) {
 	start := p
 	outStart := len(out)
+	if end-start > MaxBodyBytes {
+		return nil, limitErr(start, "function body of %d bytes (limit MaxBodyBytes = %d)", end-start, MaxBodyBytes)
+	}
 	groups, p := readU32(b, p, end)
 	if p < 0 || uint64(groups)*2 > uint64(end-p) {
 		return nil, malformed(start, "bad local declarations")
@@ -79,6 +82,12 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 		p++
 	}
 	localsEnd := p
+	if declared := locals - uint64(params); declared > MaxLocals {
+		return nil, limitErr(start, "%d locals in one function (limit MaxLocals = %d)", declared, MaxLocals)
+	} else if m.localsTotal += declared; m.localsTotal > MaxModuleLocals {
+		return nil, limitErr(start, "%d locals in the module's functions (limit MaxModuleLocals = %d)", m.localsTotal, MaxModuleLocals)
+	}
+	scratch := uint32(locals) // bulk-operation and host-call charges use scratch and scratch+1
 	out = append(out, b[start:p]...)
 	entry := -1 // where the entry check starts in out, if one was written
 	if p < end && b[p] != 0x03 {
@@ -87,6 +96,8 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 	}
 	calls := false // the body has a call or call_indirect: it keeps its entry check
 	bulk := false  // a bulk operation was charged: the scratch local must be declared
+	bulk2 := false // a host call's inner argument was charged: a second scratch local is needed
+	depth := 0     // nesting of block, loop and if
 	run := p       // start of the bytes not yet copied
 	for p < end {
 		at := p
@@ -96,23 +107,39 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 			continue
 		}
 		switch op {
-		case 0x00, 0x01, 0x05, 0x0b, 0x0f, 0x1a, 0x1b, 0xd1:
+		case 0x00, 0x01, 0x05, 0x0f, 0x1a, 0x1b, 0xd1:
+		case 0x0b:
+			depth--
 		case 0x02, 0x04: // block, if
+			if depth++; depth > MaxBlockDepth {
+				return nil, limitErr(at, "blocks nested %d deep (limit MaxBlockDepth = %d)", depth, MaxBlockDepth)
+			}
 			p = m.blockType(b, p, end)
 		case 0x03: // loop
+			if depth++; depth > MaxBlockDepth {
+				return nil, limitErr(at, "blocks nested %d deep (limit MaxBlockDepth = %d)", depth, MaxBlockDepth)
+			}
 			if p = m.blockType(b, p, end); p >= 0 {
 				out = append(out, b[run:p]...)
 				out = append(out, m.check...)
 				run = p
 			}
-		case 0x0c, 0x0d, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x3f, 0x40:
-			// br, br_if, local/global access, table.get/set, memory.size/grow
+		case 0x0c, 0x0d, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x3f:
+			// br, br_if, local/global access, table.get/set, memory.size
 			p = skipLEB(b, p, end, 5)
+		case 0x40: // memory.grow: charged one unit per KiB of its delta, like a bulk operation
+			if p = skipLEB(b, p, end, 5); p >= 0 {
+				out = append(out, b[run:at]...)
+				out = m.chargePages(out, scratch)
+				run, bulk = at, true
+			}
 		case 0x0e: // br_table
 			var n uint32
 			if n, p = readU32(b, p, end); p >= 0 {
 				if uint64(n) >= uint64(end-p) {
 					p = -1
+				} else if n > MaxBrTableTargets {
+					return nil, limitErr(at, "br_table with %d targets (limit MaxBrTableTargets = %d)", n, MaxBrTableTargets)
 				}
 				for k := uint32(0); k <= n && p >= 0; k++ {
 					p = skipLEB(b, p, end, 5)
@@ -129,7 +156,24 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 				return nil, err
 			}
 			calls = calls || op == 0x10
-			out = append(out, b[run:p]...)
+			if c := m.hostCost(op, f); c.shift > 0 {
+				// A host function whose work grows with an operand: charge it before the call.
+				out = append(out, b[run:at]...)
+				if c.arg == 0 {
+					out = m.charge(out, scratch, c.shift)
+				} else {
+					out = append(out, 0x21)
+					out = appendU32(out, scratch+1)
+					out = m.charge(out, scratch, c.shift)
+					out = append(out, 0x20)
+					out = appendU32(out, scratch+1)
+					bulk2 = true
+				}
+				out = append(out, op)
+				bulk = true
+			} else {
+				out = append(out, b[run:p]...)
+			}
 			out = appendU32(out, idx)
 			p, run = q, q
 		case 0x28, 0x29, 0x2a, 0x2b, 0x2c, 0x2d, 0x2e, 0x2f, 0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38,
@@ -178,9 +222,15 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 			if p, sub, err = miscOp(b, p, end); err != nil {
 				return nil, err
 			}
+			if sub == 15 && p >= 0 { // table.grow: its table must declare a maximum (checkTableLimits)
+				_, q := readU32(b, at+1, end)
+				if t, _ := readU32(b, q, end); int64(t) < int64(len(m.tables)) && m.tables[t].growAt < 0 {
+					m.tables[t].growAt = at
+				}
+			}
 			if shift := bulkShift(sub); shift > 0 && p >= 0 {
 				out = append(out, b[run:at]...)
-				out = m.charge(out, uint32(locals), shift)
+				out = m.charge(out, scratch, shift)
 				run, bulk = at, true
 			}
 		case 0xfd:
@@ -218,7 +268,11 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 		tail := append([]byte(nil), out[outStart+(localsEnd-start):]...)
 		out = appendU32(out[:outStart], numGroups+1)
 		out = append(out, b[countEnd:localsEnd]...)
-		out = append(out, 0x01, 0x7f)
+		if bulk2 {
+			out = append(out, 0x02, 0x7f)
+		} else {
+			out = append(out, 0x01, 0x7f)
+		}
 		out = append(out, tail...)
 	}
 	return out, nil
@@ -251,6 +305,50 @@ func (m *module) charge(out []byte, scratch uint32, shift byte) []byte {
 	out = append(out, m.check...)
 	out = append(out, 0x20)
 	return appendU32(out, scratch)
+}
+
+// chargePages appends, before a memory.grow whose delta d (pages) is on top of the stack:
+// local.set L; fuel -= min(d, 65536) << 6; <check>; local.get L (one unit per KiB; a delta above 65536
+// pages fails anyway, and the clamp keeps the charge from wrapping).
+func (m *module) chargePages(out []byte, scratch uint32) []byte {
+	out = append(out, 0x21)
+	out = appendU32(out, scratch)
+	out = append(out, 0x23)
+	out = appendU32(out, m.fuel)
+	out = append(out, 0x20)
+	out = appendU32(out, scratch)
+	out = append(out, 0x41, 0x80, 0x80, 0x04, 0x20) // i32.const 65536; local.get L
+	out = appendU32(out, scratch)
+	out = append(out, 0x41, 0x80, 0x80, 0x04, 0x49, 0x1b) // i32.const 65536; i32.lt_u; select
+	out = append(out, 0x41, 0x06, 0x74, 0x6b, 0x24)       // i32.const 6; i32.shl; i32.sub; global.set
+	out = appendU32(out, m.fuel)
+	out = append(out, m.check...)
+	out = append(out, 0x20)
+	return appendU32(out, scratch)
+}
+
+// hostCost describes how a call to an imported (host) function is charged: fuel = operand >> shift,
+// where the operand is the call's argument arg places below the top of the stack (0: the last one).
+type hostCost struct {
+	arg   uint8
+	shift byte // 0: not charged beyond the caller's own metering
+}
+
+// hostCosts are the imports whose work grows with an operand and that the host links (the WASI
+// functions of plugins.AllowedImports): without a charge, a loop calling random_get on 32 MiB ran for
+// minutes between two refills (one unit per loop iteration).
+var hostCosts = map[string]hostCost{
+	"wasi_snapshot_preview1.random_get":  {arg: 0, shift: 10}, // (buf, len): one unit per KiB filled
+	"wasi_snapshot_preview1.fd_write":    {arg: 1, shift: 1},  // (fd, iovs, iovs_len, nwritten): one unit per 2 iovecs
+	"wasi_snapshot_preview1.poll_oneoff": {arg: 1, shift: 1},  // (in, out, nsubscriptions, nevents): one unit per 2 subscriptions
+}
+
+// hostCost returns the charge of `call f` (op 0x10) when f is a charged import.
+func (m *module) hostCost(op byte, f uint32) hostCost {
+	if op != 0x10 || f >= uint32(len(m.importCosts)) {
+		return hostCost{}
+	}
+	return m.importCosts[f]
 }
 
 func skipN(p, end, n int) int {

@@ -14,6 +14,11 @@ var ErrMalformed = errors.New("malformed wasm")
 // references, tag sections, unknown non-custom sections).
 var ErrUnsupported = errors.New("unsupported wasm")
 
+// ErrLimit is wrapped by an *Error when the module is well formed but declares more than the gateway
+// lets an uploaded module allocate or compile: tables, table.grow, locals, section entry counts, body
+// size, block nesting, br_table width (the Max* constants in limits.go).
+var ErrLimit = errors.New("resource limit exceeded")
+
 // ErrAlreadyMetered is wrapped by an *Error when the input already imports from ImportModule: metering
 // twice would make the guest provide the import itself or shadow the host's.
 var ErrAlreadyMetered = errors.New("module already imports " + ImportModule)
@@ -22,7 +27,7 @@ var ErrAlreadyMetered = errors.New("module already imports " + ImportModule)
 type Error struct {
 	// Offset is the byte offset in the input module where the problem was found.
 	Offset int
-	// Kind is ErrMalformed, ErrUnsupported or ErrAlreadyMetered; errors.Is(err, Kind) holds.
+	// Kind is ErrMalformed, ErrUnsupported, ErrLimit or ErrAlreadyMetered; errors.Is(err, Kind) holds.
 	Kind error
 	// Detail says what was found, e.g. "opcode 0xfe".
 	Detail string

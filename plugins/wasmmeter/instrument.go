@@ -60,6 +60,12 @@ type module struct {
 	funcTypes     []uint32 // type index of each defined function
 	fuel          uint32   // index of the fuel global
 	scratch       []byte
+
+	tables      []table    // imported then defined tables, with their table.grow sites
+	importCosts []hostCost // per function import: how a call to it is charged
+	limit       *Error     // the first limit exceeded in the sections analyze reads (reported after them)
+	localsTotal uint64     // declared locals of all bodies
+	elemEntries uint64     // entries of all element segments
 }
 
 // Instrument returns a copy of wasm in which every defined function's entry and every `loop` header
@@ -161,9 +167,22 @@ func (m *module) analyze() *Error {
 			}
 			m.definedFuncs = n
 			err = r.finish()
+		case secTable:
+			err = m.readTables(s)
 		case secGlobal:
 			r := &reader{b: m.in[:s.end], pos: s.start}
 			m.definedGlobal = r.count(3)
+			err = r.err
+		case secExport:
+			r := &reader{b: m.in[:s.end], pos: s.start}
+			n := r.count(4)
+			m.limitAt(n > MaxExports, s.start, "%d exports (limit MaxExports = %d)", n, MaxExports)
+			err = r.err
+		case secData:
+			// wazero allocates a slice of the declared count before reading any segment.
+			r := &reader{b: m.in[:s.end], pos: s.start}
+			n := r.count(2)
+			m.limitAt(n > MaxDataSegments, s.start, "%d data segments (limit MaxDataSegments = %d)", n, MaxDataSegments)
 			err = r.err
 		}
 		if err != nil {
@@ -179,6 +198,15 @@ func (m *module) analyze() *Error {
 	if uint64(m.funcImports)+uint64(m.definedFuncs) >= math.MaxUint32 ||
 		uint64(m.globalImports)+uint64(m.definedGlobal) >= math.MaxUint32 {
 		return malformed(0, "too many functions or globals")
+	}
+	if m.limit != nil {
+		return m.limit
+	}
+	if n := uint64(m.funcImports) + uint64(m.definedFuncs); n > MaxFunctions {
+		return limitErr(m.sectionStart(secFunction), "%d functions (limit MaxFunctions = %d)", n, MaxFunctions)
+	}
+	if n := uint64(m.globalImports) + uint64(m.definedGlobal); n > MaxGlobals {
+		return limitErr(m.sectionStart(secGlobal), "%d globals (limit MaxGlobals = %d)", n, MaxGlobals)
 	}
 	fuel := m.globalImports + m.definedGlobal
 	m.fuel = fuel
@@ -199,6 +227,7 @@ func (m *module) analyze() *Error {
 func (m *module) readTypes(s section) *Error {
 	r := &reader{b: m.in[:s.end], pos: s.start}
 	m.numTypes = r.count(3)
+	m.limitAt(m.numTypes > MaxTypes, s.start, "%d types (limit MaxTypes = %d)", m.numTypes, MaxTypes)
 	for i := uint32(0); i < m.numTypes && r.err == nil; i++ {
 		start := r.pos
 		switch form := r.byte(); form {
@@ -211,9 +240,13 @@ func (m *module) readTypes(s section) *Error {
 			}
 		}
 		for k := 0; k < 2 && r.err == nil; k++ { // params, results
+			at := r.pos
 			n := r.count(1)
 			if k == 0 {
 				m.typeParams = append(m.typeParams, n)
+				m.limitAt(n > MaxParams, at, "type %d has %d parameters (limit MaxParams = %d)", i, n, MaxParams)
+			} else {
+				m.limitAt(n > MaxResults, at, "type %d has %d results (limit MaxResults = %d)", i, n, MaxResults)
 			}
 			for ; n > 0 && r.err == nil; n-- {
 				r.valType()
@@ -228,10 +261,12 @@ func (m *module) readTypes(s section) *Error {
 
 func (m *module) readImports(s section) *Error {
 	r := &reader{b: m.in[:s.end], pos: s.start}
-	for n := r.count(4); n > 0 && r.err == nil; n-- {
+	n := r.count(4)
+	m.limitAt(n > MaxImports, s.start, "%d imports (limit MaxImports = %d)", n, MaxImports)
+	for ; n > 0 && r.err == nil; n-- {
 		start := r.pos
 		mod := r.name()
-		r.name()
+		name := r.name()
 		if r.err == nil && string(mod) == ImportModule {
 			return &Error{Offset: start, Kind: ErrAlreadyMetered, Detail: "import from " + ImportModule}
 		}
@@ -240,8 +275,9 @@ func (m *module) readImports(s section) *Error {
 		case 0:
 			r.u32()
 			m.funcImports++
+			m.importCosts = append(m.importCosts, hostCosts[string(mod)+"."+string(name)])
 		case 1:
-			r.tableType()
+			m.tables = append(m.tables, r.tableLimits(start, true))
 		case 2:
 			r.limits()
 		case 3:
@@ -321,9 +357,7 @@ func (m *module) emit() ([]byte, error) {
 				out = m.emitSection(out, secElement, body)
 			}
 		case secTable:
-			if err = m.checkTables(s); err == nil {
-				out = m.copySection(out, s)
-			}
+			out = m.copySection(out, s) // read by analyze (readTables)
 		case secCode:
 			out, err = m.code(out, s)
 		default: // function, memory, data count, data: no function indices
@@ -334,6 +368,9 @@ func (m *module) emit() ([]byte, error) {
 		}
 	}
 	flush(math.MaxInt)
+	if err := m.checkTableLimits(); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -480,7 +517,11 @@ func (m *module) elements(s section) ([]byte, *Error) {
 			}
 			out = append(out, k)
 		}
+		cntAt := r.pos
 		cnt := r.count(1)
+		if m.elemEntries += uint64(cnt); m.elemEntries > MaxElementEntries {
+			return nil, limitErr(cntAt, "element segments hold %d entries together (limit MaxElementEntries = %d)", m.elemEntries, MaxElementEntries)
+		}
 		out = appendU32(out, cnt)
 		for ; cnt > 0 && r.err == nil; cnt-- {
 			if flags&4 == 0 {
@@ -502,17 +543,34 @@ func (m *module) elements(s section) ([]byte, *Error) {
 	return out, r.finish()
 }
 
-// checkTables rejects tables with initializer expressions or typed references (function references
-// proposal), whose ref.func would need renumbering; other tables are copied unchanged.
-func (m *module) checkTables(s section) *Error {
+// readTables reads the table section's limits; tables with initializer expressions or typed references
+// (function references proposal), whose ref.func would need renumbering, are rejected.
+func (m *module) readTables(s section) *Error {
 	r := &reader{b: m.in[:s.end], pos: s.start}
 	for n := r.count(2); n > 0 && r.err == nil; n-- {
 		if r.pos < len(r.b) && r.b[r.pos] == 0x40 {
 			return unsupported(r.pos, "table with initializer expression (function references)")
 		}
-		r.tableType()
+		m.tables = append(m.tables, r.tableLimits(r.pos, false))
 	}
 	return r.finish()
+}
+
+// limitAt records a limit error at off (the first one found) when over is true.
+func (m *module) limitAt(over bool, off int, format string, args ...any) {
+	if over && m.limit == nil {
+		m.limit = limitErr(off, format, args...)
+	}
+}
+
+// sectionStart returns the payload offset of the first section with id, or 0.
+func (m *module) sectionStart(id byte) int {
+	for _, s := range m.sections {
+		if s.id == id {
+			return s.start
+		}
+	}
+	return 0
 }
 
 // custom copies a custom section, rewrites "name", and drops sections whose code offsets the rewrite

@@ -112,6 +112,12 @@ func (r *reader) limits() {
 
 // tableType reads a reference type and limits.
 func (r *reader) tableType() {
+	r.refType()
+	r.limits()
+}
+
+// refType reads a table's reference type: funcref or externref.
+func (r *reader) refType() {
 	at := r.pos
 	switch t := r.byte(); t {
 	case 0x70, 0x6f:
@@ -126,7 +132,6 @@ func (r *reader) tableType() {
 			r.fail("table reference type %#x", t)
 		}
 	}
-	r.limits()
 }
 
 // posAfterIndex returns the position after the u32 LEB128 at at (already read successfully once).

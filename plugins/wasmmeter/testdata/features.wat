@@ -6,7 +6,7 @@
 (module
   (type $pair (func (param i32 i32) (result i32 i32)))
   (memory 1)
-  (table $r 2 externref)
+  (table $r 2 8 externref) ;; a maximum: Instrument rejects table.grow on a table without one (ErrLimit)
   (table $f 2 funcref)
   (data $d "\01\02\03\04\05\06\07\08\09\0a\0b\0c\0d\0e\0f\10")
   (func $id (param i32) (result i32) (local.get 0))
