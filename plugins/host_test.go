@@ -255,7 +255,7 @@ func TestFallbacks(t *testing.T) {
 // the fallback (the instance is replaced); a call still computing at its deadline is a runaway, so its
 // version is disabled at once and the previous version serves the next request.
 func TestForLoopStopped(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond})
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 20 * time.Millisecond})
 	good, bomb := activateBomb(t, h, "m", "bomb-loop")
 	start := time.Now()
 	got, info := h.Rank(context.Background(), "m", bombSnapshot(1001))
@@ -263,7 +263,7 @@ func TestForLoopStopped(t *testing.T) {
 	if !info.Fallback || info.Reason != ReasonTimeout || info.Version != bomb || !slices.Equal(got, []int{1, 2, 0}) {
 		t.Fatalf("%v %+v", got, info)
 	}
-	if took > 250*time.Millisecond { // 2 ms deadline; generous for a loaded 2-core CI box
+	if took > 300*time.Millisecond { // 20 ms deadline; generous for a loaded 2-core CI box
 		t.Errorf("answer took %s", took)
 	}
 	if v, _ := h.Active("m"); v != good {
@@ -303,14 +303,14 @@ func TestConsecutiveMisses(t *testing.T) {
 // deadline, the version is disabled at once, the previous one serves, and the call itself is stopped
 // (Stats.Interrupted) shortly after its deadline instead of running on.
 func TestCallTreeInterrupted(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 2 * time.Millisecond})
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 20 * time.Millisecond})
 	good, bomb := activateBomb(t, h, "m", "bomb-tree")
 	stop := garbage(t)
 	defer stop()
 	start := time.Now()
 	got, info := h.Rank(context.Background(), "m", bombSnapshot(1002))
 	took := time.Since(start)
-	if !info.Fallback || info.Reason != ReasonTimeout || info.Version != bomb || !slices.Equal(got, []int{1, 2, 0}) || took > 250*time.Millisecond {
+	if !info.Fallback || info.Reason != ReasonTimeout || info.Version != bomb || !slices.Equal(got, []int{1, 2, 0}) || took > 300*time.Millisecond {
 		t.Fatalf("%v %+v after %s", got, info, took)
 	}
 	if v, _ := h.Active("m"); v != good {
