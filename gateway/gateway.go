@@ -115,7 +115,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: policy host: %w", err)
 	}
-	// The host's own counters (calls, swaps, replaced and abandoned instances) beside the gateway's.
+	// The host's own counters (calls, swaps, replaced instances, fuel refills, interrupted calls) beside the gateway's.
 	if err := host.RegisterMetrics(g.metrics.Registry); err != nil {
 		return nil, fmt.Errorf("gateway: policy host metrics: %w", err)
 	}
