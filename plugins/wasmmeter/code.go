@@ -89,16 +89,29 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 	}
 	scratch := uint32(locals) // bulk-operation and host-call charges use scratch and scratch+1
 	out = append(out, b[start:p]...)
-	entry := -1 // where the entry check starts in out, if one was written
+	run := p
+	// Stack units of this function's frame (MaxStackUnits): its entry adds them, every exit subtracts.
+	weight := uint32(1 + (locals >> 3) + uint64(end-start)>>6)
+	m.inserted = m.inserted[:0]
+	entry := len(out) // the entry sequence: stack units, then the fuel check unless the body starts with loop
+	out = m.stackEnter(out, weight)
 	if p < end && b[p] != 0x03 {
-		entry = len(out)
 		out = append(out, m.check...)
 	}
-	calls := false // the body has a call or call_indirect: it keeps its entry check
-	bulk := false  // a bulk operation was charged: the scratch local must be declared
-	bulk2 := false // a host call's inner argument was charged: a second scratch local is needed
-	depth := 0     // nesting of block, loop and if
-	run := p       // start of the bytes not yet copied
+	m.inserted = append(m.inserted, [2]int{entry, len(out)})
+	exit := func(at int) { // subtract the frame's units before the exit at b[at]
+		out = append(out, b[run:at]...)
+		i := len(out)
+		out = m.stackLeave(out, weight)
+		m.inserted = append(m.inserted, [2]int{i, len(out)})
+		run = at
+	}
+	calls := false                     // the body has a call or call_indirect: it keeps its entry check
+	bulk := false                      // a bulk operation was charged: the scratch local must be declared
+	bulk2 := false                     // a host call's inner argument was charged: a second scratch local is needed
+	depth := 0                         // nesting of block, loop and if
+	run = p                            // start of the bytes not yet copied
+	m.labels = append(m.labels[:0], 0) // the function's own label
 	for p < end {
 		at := p
 		op := b[p]
@@ -107,15 +120,27 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 			continue
 		}
 		switch op {
-		case 0x00, 0x01, 0x05, 0x0f, 0x1a, 0x1b, 0xd1:
+		case 0x00, 0x01, 0x05, 0x1a, 0x1b, 0xd1:
 		case 0x0b:
+			if depth == 0 { // the body's own end
+				exit(at)
+			}
 			depth--
+			if err := m.closeLabel(at); err != nil {
+				return nil, err
+			}
 		case 0x02, 0x04: // block, if
+			if err := m.openLabel(at, depth); err != nil {
+				return nil, err
+			}
 			if depth++; depth > MaxBlockDepth {
 				return nil, limitErr(at, "blocks nested %d deep (limit MaxBlockDepth = %d)", depth, MaxBlockDepth)
 			}
 			p = m.blockType(b, p, end)
 		case 0x03: // loop
+			if err := m.openLabel(at, depth); err != nil {
+				return nil, err
+			}
 			if depth++; depth > MaxBlockDepth {
 				return nil, limitErr(at, "blocks nested %d deep (limit MaxBlockDepth = %d)", depth, MaxBlockDepth)
 			}
@@ -124,8 +149,32 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 				out = append(out, m.check...)
 				run = p
 			}
-		case 0x0c, 0x0d, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x3f:
-			// br, br_if, local/global access, table.get/set, memory.size
+		case 0x0c, 0x0d: // br, br_if
+			l, q := readU32(b, p, end)
+			m.branch(l)
+			if q >= 0 && int64(l) == int64(depth) { // to the function's label: an exit
+				if op == 0x0c {
+					exit(at)
+				} else {
+					// local.tee S; if; <leave>; end; local.get S; br_if
+					out = append(out, b[run:at]...)
+					i := len(out)
+					out = append(out, 0x22)
+					out = appendU32(out, scratch)
+					out = append(out, 0x04, 0x40)
+					out = m.stackLeave(out, weight)
+					out = append(out, 0x0b, 0x20)
+					out = appendU32(out, scratch)
+					m.inserted = append(m.inserted, [2]int{i, len(out)})
+					run, bulk = at, true
+				}
+			}
+			p = q
+		case 0x0f: // return: a branch to the function's label
+			m.branch(uint32(len(m.labels) - 1))
+			exit(at)
+		case 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x3f:
+			// local/global access, table.get/set, memory.size
 			p = skipLEB(b, p, end, 5)
 		case 0x40: // memory.grow: charged one unit per KiB of its delta, like a bulk operation
 			if p = skipLEB(b, p, end, 5); p >= 0 {
@@ -141,8 +190,40 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 				} else if n > MaxBrTableTargets {
 					return nil, limitErr(at, "br_table with %d targets (limit MaxBrTableTargets = %d)", n, MaxBrTableTargets)
 				}
+				m.targets = m.targets[:0]
 				for k := uint32(0); k <= n && p >= 0; k++ {
-					p = skipLEB(b, p, end, 5)
+					var l uint32
+					l, p = readU32(b, p, end)
+					m.branch(l)
+					if int64(l) == int64(depth) {
+						m.targets = append(m.targets, k)
+					}
+				}
+				if p >= 0 && len(m.targets) > 0 {
+					// Some entries leave the function: local.tee S; <S selects one of them>; if; <leave>; end
+					out = append(out, b[run:at]...)
+					i := len(out)
+					out = append(out, 0x22)
+					out = appendU32(out, scratch)
+					for j, k := range m.targets {
+						out = append(out, 0x20)
+						out = appendU32(out, scratch)
+						out = append(out, 0x41)
+						out = appendS32(out, int32(k))
+						if k == n {
+							out = append(out, 0x4f) // the default: S >= n (i32.ge_u)
+						} else {
+							out = append(out, 0x46) // i32.eq
+						}
+						if j > 0 {
+							out = append(out, 0x72) // i32.or
+						}
+					}
+					out = append(out, 0x04, 0x40)
+					out = m.stackLeave(out, weight)
+					out = append(out, 0x0b)
+					m.inserted = append(m.inserted, [2]int{i, len(out)})
+					run, bulk = at, true
 				}
 			}
 		case 0x10, 0xd2: // call, ref.func
@@ -256,11 +337,19 @@ func (m *module) body(out []byte, b []byte, p, end int, params uint32) ([]byte, 
 		}
 	}
 	out = append(out, b[run:end]...)
-	if entry >= 0 && !calls && m.skipLeafEntry {
-		// A body without calls runs a bounded time between its entry and its loop headers: drop the
-		// entry check (RATIONALE.md, "Which points are metered").
-		n := copy(out[entry:], out[entry+len(m.check):])
-		out = out[:entry+n]
+	if !calls && m.skipLeafEntry {
+		// A body without calls runs a bounded time between its entry and its loop headers, and its frame
+		// is always the innermost: drop the entry check and the stack accounting (RATIONALE.md, "Which
+		// points are metered", "Call stack").
+		w := m.inserted[0][0]
+		for j, r := range m.inserted {
+			next := len(out)
+			if j+1 < len(m.inserted) {
+				next = m.inserted[j+1][0]
+			}
+			w += copy(out[w:], out[r[1]:next])
+		}
+		out = out[:w]
 	}
 	if bulk {
 		// Declare the scratch local: the group count grows by one and a group (1 x i32) follows the
@@ -349,6 +438,62 @@ func (m *module) hostCost(op byte, f uint32) hostCost {
 		return hostCost{}
 	}
 	return m.importCosts[f]
+}
+
+// stackEnter appends: stack += w; if stack >u MaxStackUnits { unreachable }.
+func (m *module) stackEnter(out []byte, w uint32) []byte {
+	out = append(out, 0x23)
+	out = appendU32(out, m.stack)
+	out = append(out, 0x41)
+	out = appendS32(out, int32(w))
+	out = append(out, 0x6a, 0x24) // i32.add; global.set
+	out = appendU32(out, m.stack)
+	out = append(out, 0x23)
+	out = appendU32(out, m.stack)
+	out = append(out, 0x41)
+	out = appendS32(out, MaxStackUnits)
+	return append(out, 0x4b, 0x04, 0x40, 0x00, 0x0b) // i32.gt_u; if; unreachable; end
+}
+
+// stackLeave appends: stack -= w.
+func (m *module) stackLeave(out []byte, w uint32) []byte {
+	out = append(out, 0x23)
+	out = appendU32(out, m.stack)
+	out = append(out, 0x41)
+	out = appendS32(out, int32(w))
+	out = append(out, 0x6b, 0x24) // i32.sub; global.set
+	return appendU32(out, m.stack)
+}
+
+// openLabel pushes the label of a block, loop or if opened at nesting depth and charges the depth to
+// the module's nesting work.
+func (m *module) openLabel(at, depth int) *Error {
+	m.labels = append(m.labels, 0)
+	if m.nestingWork += uint64(depth); m.nestingWork > MaxNestingWork {
+		return limitErr(at, "nesting work %d (sum of block depths; limit MaxNestingWork = %d)", m.nestingWork, MaxNestingWork)
+	}
+	return nil
+}
+
+// closeLabel pops the innermost label (at its `end`) and adds the square of the branches to it to the
+// module's branch work.
+func (m *module) closeLabel(at int) *Error {
+	if len(m.labels) == 0 {
+		return nil // an `end` too many: wazero rejects the module
+	}
+	n := m.labels[len(m.labels)-1]
+	m.labels = m.labels[:len(m.labels)-1]
+	if m.branchWork += n * n; m.branchWork > MaxBranchWork {
+		return limitErr(at, "branch work %d (sum over labels of the square of the branches to each; limit MaxBranchWork = %d)", m.branchWork, MaxBranchWork)
+	}
+	return nil
+}
+
+// branch counts a branch to relative label l (out-of-range labels are left to wazero).
+func (m *module) branch(l uint32) {
+	if uint64(l) < uint64(len(m.labels)) {
+		m.labels[len(m.labels)-1-int(l)]++
+	}
 }
 
 func skipN(p, end, n int) int {

@@ -66,6 +66,12 @@ type module struct {
 	limit       *Error     // the first limit exceeded in the sections analyze reads (reported after them)
 	localsTotal uint64     // declared locals of all bodies
 	elemEntries uint64     // entries of all element segments
+	stack       uint32     // index of the stack-units global (after the fuel global)
+	inserted    [][2]int   // [start, end) in the output of the current body's entry and exit sequences
+	targets     []uint32   // br_table entries that leave the function
+	labels      []uint64   // branches to each open label of the current body, outermost first
+	branchWork  uint64     // sum over closed labels of (branches to the label)^2
+	nestingWork uint64     // sum of the nesting depth at every block, loop and if
 }
 
 // Instrument returns a copy of wasm in which every defined function's entry and every `loop` header
@@ -196,7 +202,7 @@ func (m *module) analyze() *Error {
 		}
 	}
 	if uint64(m.funcImports)+uint64(m.definedFuncs) >= math.MaxUint32 ||
-		uint64(m.globalImports)+uint64(m.definedGlobal) >= math.MaxUint32 {
+		uint64(m.globalImports)+uint64(m.definedGlobal) >= math.MaxUint32-1 {
 		return malformed(0, "too many functions or globals")
 	}
 	if m.limit != nil {
@@ -209,7 +215,7 @@ func (m *module) analyze() *Error {
 		return limitErr(m.sectionStart(secGlobal), "%d globals (limit MaxGlobals = %d)", n, MaxGlobals)
 	}
 	fuel := m.globalImports + m.definedGlobal
-	m.fuel = fuel
+	m.fuel, m.stack = fuel, fuel+1
 	// if (fuel <= 0) { fuel = refill() }; fuel--
 	c := []byte{0x23}
 	c = appendU32(c, fuel)
@@ -406,8 +412,8 @@ func (m *module) synthesize(id byte) []byte {
 		return append([]byte{1}, refillFuncType...)
 	case secImport:
 		return m.refillImport([]byte{1})
-	default: // secGlobal
-		return append([]byte{1}, fuelGlobal...)
+	default: // secGlobal: fuel, stack units
+		return append(append([]byte{2}, fuelGlobal...), fuelGlobal...)
 	}
 }
 
@@ -434,7 +440,7 @@ func (m *module) imports(s section) []byte {
 func (m *module) globals(s section) ([]byte, *Error) {
 	r := &reader{b: m.in[:s.end], pos: s.start}
 	n := r.count(3)
-	out := appendU32(make([]byte, 0, s.end-s.start+16), n+1)
+	out := appendU32(make([]byte, 0, s.end-s.start+16), n+2)
 	for ; n > 0 && r.err == nil; n-- {
 		start := r.pos
 		r.valType()
@@ -445,7 +451,7 @@ func (m *module) globals(s section) ([]byte, *Error) {
 	if err := r.finish(); err != nil {
 		return nil, err
 	}
-	return append(out, fuelGlobal...), nil
+	return append(append(out, fuelGlobal...), fuelGlobal...), nil // fuel, stack units
 }
 
 func (m *module) exports(s section) ([]byte, *Error) {

@@ -72,3 +72,15 @@ func appendU32(out []byte, v uint32) []byte {
 	}
 	return append(out, byte(v))
 }
+
+// appendS32 appends v as a minimal signed LEB128 (i32.const immediates).
+func appendS32(out []byte, v int32) []byte {
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
+			return append(out, c)
+		}
+		out = append(out, c|0x80)
+	}
+}

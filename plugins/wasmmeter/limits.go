@@ -56,6 +56,23 @@ const (
 	// MaxBrTableTargets bounds one br_table's label vector (V8: 65,520): 4 million targets compiled
 	// for over 2 minutes here.
 	MaxBrTableTargets = 1 << 14
+	// MaxNestingWork bounds the sum, over every block, loop and if of the module, of the depth it is
+	// nested at. wazero's compile time grows with it (4,096 nested blocks, 8.4 M: 77 ms; 65,536: 44 s),
+	// and many functions each under MaxBlockDepth would add up. The built-in has 1.6 M.
+	MaxNestingWork = 1 << 25
+	// MaxBranchWork bounds the sum, over every label of the module, of the square of the number of
+	// branches to it (br, br_if, br_table entries, return). wazero's compiler is quadratic in a
+	// block's predecessors: 16,384 `br_if 0` in one block (64 KB) compiled for 4.5 s, 65,536 for over
+	// 100 s. The built-in has 1.03 M (at most 217 branches to one label).
+	MaxBranchWork = 1 << 24
+	// MaxStackUnits bounds the call stack of a metered call, in units of about 64 bytes of frame: each
+	// function that calls others adds 1 + (params + locals)/8 + (body bytes)/64 units at its entry and
+	// gives them back at every exit; beyond the limit the guest traps (unreachable). wazero 1.12 grows a
+	// call's stack by doubling up to a 50 MB ceiling and keeps it with the instance afterwards, so
+	// unbounded recursion cost ~120 MB per call before the stack-overflow trap, and a call that recursed
+	// a million frames deep and returned left each pooled instance holding ~80 MB. 1<<17 units are
+	// ~8 MiB of frames; Go's runtime and the built-in stay far below (a Go frame costs 1–400 units).
+	MaxStackUnits = 1 << 17
 )
 
 func limitErr(off int, format string, args ...any) *Error {

@@ -1,4 +1,4 @@
-;; Resource bomb: choose loops on fd_write with ~4 million 1-byte iovecs per call (minutes between refills before fd_write was charged). Rejected: stopped at the warm-up deadline.
+;; Resource bomb: choose loops on fd_write with 740,000 1-byte iovecs per call (a 4-million-iovec variant ran over 120 s before fd_write was charged). Rejected: stopped at the warm-up deadline.
 ;; Built with: wat2wasm --enable-all fd-write-iovecs.wat -o ../fd-write-iovecs.wasm (wabt 1.0.32)
 (module
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
@@ -12,11 +12,11 @@
   (func (export "kvgate_policy_init") (param i32) (result i32) (i32.const 0))
   (func (export "kvgate_policy_choose") (param $len i32) (result i32)
     (local $n i32) (local $i i32) (local $k i32) (local $p i32)
-    (drop (memory.grow (i32.const 500)))
+    (drop (memory.grow (i32.const 100)))
     (local.set $p (i32.const 65536))
     (loop $f (i32.store (local.get $p) (i32.const 0)) (i32.store offset=4 (local.get $p) (i32.const 1))
-      (local.set $p (i32.add (local.get $p) (i32.const 8))) (br_if $f (i32.lt_u (local.get $p) (i32.const 32000000))))
-    (loop $w (drop (call $fd_write (i32.const 1) (i32.const 65536) (i32.const 3990000) (i32.const 40008))) (br $w))
+      (local.set $p (i32.add (local.get $p) (i32.const 8))) (br_if $f (i32.lt_u (local.get $p) (i32.const 6000000))))
+    (loop $w (drop (call $fd_write (i32.const 1) (i32.const 65536) (i32.const 740000) (i32.const 40008))) (br $w))
     (local.set $n (i32.load (i32.const 1036)))
     (block $done
       (loop $l

@@ -1,4 +1,4 @@
-;; Resource bomb: choose loops on fd_write(stdout) of one 16 MiB iovec. Rejected: stopped at the warm-up deadline (output capped at StderrLimitBytes).
+;; Resource bomb: choose loops on fd_write(stdout) of one 6 MB iovec. Rejected: stopped at the warm-up deadline (output capped at StderrLimitBytes).
 ;; Built with: wat2wasm --enable-all fd-write.wat -o ../fd-write.wasm (wabt 1.0.32)
 (module
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
@@ -12,8 +12,8 @@
   (func (export "kvgate_policy_init") (param i32) (result i32) (i32.const 0))
   (func (export "kvgate_policy_choose") (param $len i32) (result i32)
     (local $n i32) (local $i i32) (local $k i32)
-    (drop (memory.grow (i32.const 500)))
-    (i32.store (i32.const 40000) (i32.const 0)) (i32.store (i32.const 40004) (i32.const 16777216))
+    (drop (memory.grow (i32.const 100)))
+    (i32.store (i32.const 40000) (i32.const 0)) (i32.store (i32.const 40004) (i32.const 6000000))
     (loop $w (drop (call $fd_write (i32.const 1) (i32.const 40000) (i32.const 1) (i32.const 40008))) (br $w))
     (local.set $n (i32.load (i32.const 1036)))
     (block $done

@@ -1,4 +1,4 @@
-;; Resource bomb: choose recurses without end. Rejected: a trap (wazero stack overflow), not a crash.
+;; Resource bomb: choose recurses without end. Rejected: every sample traps at MaxStackUnits (~8 MiB of frames; before stack metering, wazero grew the stack to its ~80 MB ceiling per call).
 ;; Built with: wat2wasm --enable-all stack-overflow.wat -o ../stack-overflow.wasm (wabt 1.0.32)
 (module
   (memory (export "memory") 1)
