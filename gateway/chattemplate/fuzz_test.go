@@ -39,6 +39,13 @@ func FuzzRender(f *testing.F) {
 		for _, tmpl := range tmpls {
 			out, err := tmpl.Render(body)
 			checkTyped(t, err)
+			// The parse-once path renders the same; its errors are the same, except that malformed JSON
+			// later in the body wins over an earlier field error (ParseRequest reads the whole body).
+			_, perr := chattemplate.ParseRequest(body, nil)
+			out2, err2 := renderParsed(tmpl, body)
+			if out2 != out || (err == nil) != (err2 == nil) || err != nil && perr == nil && err.Error() != err2.Error() {
+				t.Fatalf("ParseRequest+RenderRequest: %q, %v; Render: %q, %v", out2, err2, out, err)
+			}
 			if len(out) > 1<<20 {
 				t.Fatalf("output of %d bytes over the limit", len(out))
 			}

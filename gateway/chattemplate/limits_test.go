@@ -163,6 +163,10 @@ func TestRequestErrors(t *testing.T) {
 			if re.Path != c.path {
 				t.Fatalf("path %q, want %q (%v)", re.Path, c.path, err)
 			}
+			// The parse-once path fails the same way.
+			if _, err2 := renderParsed(c.tmpl, []byte(c.body)); err2 == nil || err2.Error() != err.Error() {
+				t.Fatalf("ParseRequest+RenderRequest: %v, want %v", err2, err)
+			}
 		})
 	}
 	// The same image part is fine on a template that loops over content parts.

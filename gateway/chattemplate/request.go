@@ -19,17 +19,46 @@ type chatRequest struct {
 	documents           jinja.Value // list or None
 	reasoningEffort     jinja.Value // string or None
 	kwargs              *jinja.Dict // chat_template_kwargs, nil when absent or null
+	// messagesList says "messages" was present and a JSON array.
+	messagesList bool
+	// err is the first field error found by a collecting parse (parseOptions.collect), nil otherwise;
+	// errFirst says it was found before the message list (it then wins over the message-count limit, as
+	// in a parse that stops at the first error).
+	err      error
+	errFirst bool
 }
 
-// parseRequest decodes the body. Fields it does not need are skipped without building values; the
-// message list is counted while it is decoded so an oversized list fails early.
-func parseRequest(body []byte, maxMessages int) (*chatRequest, error) {
+// parseOptions steer parseRequest.
+type parseOptions struct {
+	// maxMessages fails the parse as soon as the message list is longer (ErrLimit).
+	maxMessages int
+	// other, when not nil, is handed the raw bytes of every top-level member the template does not read
+	// (valid JSON, a sub-slice of the body); it is how one scan also serves the gateway's routing fields.
+	other func(key string, raw []byte)
+	// collect keeps scanning after a field error (a wrong type, a refused field, a missing "messages"):
+	// the first one is kept in chatRequest.err and only malformed JSON fails the parse.
+	collect bool
+}
+
+// parseRequest decodes the body. Fields it does not need are skipped without building values (or handed
+// raw to o.other); the message list is counted while it is decoded so an oversized list fails early.
+func parseRequest(body []byte, o parseOptions) (*chatRequest, error) {
 	req := &chatRequest{
 		tools:               jinja.None(),
 		toolChoice:          jinja.Undefined(),
 		addGenerationPrompt: true,
 		documents:           jinja.None(),
 		reasoningEffort:     jinja.None(),
+	}
+	// field records an error about a field's value: fatal unless the parse collects.
+	field := func(err error) error {
+		if !o.collect {
+			return err
+		}
+		if req.err == nil {
+			req.err = err
+		}
+		return nil
 	}
 	s := &jsonScanner{data: body}
 	if s.peek() != '{' {
@@ -58,23 +87,34 @@ func parseRequest(body []byte, maxMessages int) (*chatRequest, error) {
 		}
 		switch key {
 		case "messages":
-			msgs, err := s.messageList(maxMessages)
+			req.errFirst = req.err != nil
+			msgs, isList, err := s.messageList(o.maxMessages)
 			if err != nil {
 				return nil, err
 			}
-			req.messages, haveMessages = msgs, true
+			req.messages, req.messagesList, haveMessages = msgs, isList, true
+			if !isList {
+				if err := field(badRequest("messages", "must be a list")); err != nil {
+					return nil, err
+				}
+			}
 		case "tools", "tool_choice", "add_generation_prompt", "continue_final_message", "documents",
 			"reasoning_effort", "chat_template_kwargs", "chat_template":
 			v, err := s.value(1)
 			if err != nil {
 				return nil, badRequest(key, "invalid JSON: %v", err)
 			}
-			if err := req.set(key, v); err != nil {
+			if err := field(req.set(key, v)); err != nil {
 				return nil, err
 			}
 		default:
+			s.skipSpace()
+			start := s.pos
 			if err := s.skip(1); err != nil {
 				return nil, badRequest(key, "invalid JSON: %v", err)
+			}
+			if o.other != nil {
+				o.other(key, s.data[start:s.pos])
 			}
 		}
 		c = s.peek()
@@ -92,10 +132,13 @@ func parseRequest(body []byte, maxMessages int) (*chatRequest, error) {
 		return nil, badRequest("", "trailing data after the JSON body")
 	}
 	if !haveMessages {
-		return nil, badRequest("messages", "field required")
-	}
-	if err := req.validate(); err != nil {
-		return nil, err
+		if err := field(badRequest("messages", "field required")); err != nil {
+			return nil, err
+		}
+	} else if req.err == nil {
+		if err := field(req.validate()); err != nil {
+			return nil, err
+		}
 	}
 	return req, nil
 }
@@ -134,28 +177,29 @@ func (req *chatRequest) set(key string, v jinja.Value) error {
 	return err
 }
 
-// messageList decodes the "messages" array, failing as soon as it holds more than max entries.
-func (s *jsonScanner) messageList(max int) ([]jinja.Value, error) {
+// messageList decodes the "messages" array, failing as soon as it holds more than max entries. A value
+// that is not an array is skipped (isList false; the caller reports it).
+func (s *jsonScanner) messageList(max int) (msgs []jinja.Value, isList bool, err error) {
 	if s.peek() != '[' {
 		if err := s.skip(1); err != nil {
-			return nil, badRequest("messages", "invalid JSON: %v", err)
+			return nil, false, badRequest("messages", "invalid JSON: %v", err)
 		}
-		return nil, badRequest("messages", "must be a list")
+		return nil, false, nil
 	}
 	s.pos++
-	msgs := []jinja.Value{}
+	msgs = []jinja.Value{}
 	if s.peek() == ']' {
 		s.pos++
-		return msgs, nil
+		return msgs, true, nil
 	}
 	for {
 		if len(msgs) >= max {
-			return nil, &RequestError{Kind: ErrLimit, Path: "messages",
+			return nil, true, &RequestError{Kind: ErrLimit, Path: "messages",
 				Message: fmt.Sprintf("more than %d messages (limit)", max)}
 		}
 		v, err := s.value(2)
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("messages[%d]", len(msgs)), "invalid JSON: %v", err)
+			return nil, true, badRequest(fmt.Sprintf("messages[%d]", len(msgs)), "invalid JSON: %v", err)
 		}
 		msgs = append(msgs, v)
 		switch s.peek() {
@@ -163,9 +207,9 @@ func (s *jsonScanner) messageList(max int) ([]jinja.Value, error) {
 			s.pos++
 		case ']':
 			s.pos++
-			return msgs, nil
+			return msgs, true, nil
 		default:
-			return nil, badRequest("messages", "invalid JSON: %v", s.errorf("want ',' or ']' in array"))
+			return nil, true, badRequest("messages", "invalid JSON: %v", s.errorf("want ',' or ']' in array"))
 		}
 	}
 }

@@ -389,11 +389,17 @@ func (t *Template) RenderContext(ctx context.Context, chatRequestJSON []byte) (p
 			prompt, err = "", &RenderError{Kind: ErrTemplateFailed, Message: fmt.Sprintf("template engine panic: %v", r)}
 		}
 	}()
-	lim := t.cfg.limits
-	req, err := parseRequest(chatRequestJSON, lim.MaxMessages)
+	req, err := parseRequest(chatRequestJSON, parseOptions{maxMessages: t.cfg.limits.MaxMessages})
 	if err != nil {
 		return "", err
 	}
+	return t.render(ctx, req)
+}
+
+// render renders a decoded request; it recovers from a template-engine panic as RenderContext does (the
+// callers' deferred recover covers it too, this one is for RenderRequest).
+func (t *Template) render(ctx context.Context, req *chatRequest) (prompt string, err error) {
+	lim := t.cfg.limits
 	tools, err := req.toolDicts(t.cfg.excludeTools)
 	if err != nil {
 		return "", err
