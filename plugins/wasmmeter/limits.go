@@ -91,7 +91,7 @@ type table struct {
 	imported bool
 }
 
-// checkTables enforces MaxTables and MaxTableElements once the code has been read (table.grow sites).
+// checkTableLimits enforces MaxTables and MaxTableElements once the code has been read (table.grow sites).
 func (m *module) checkTableLimits() *Error {
 	if len(m.tables) > MaxTables {
 		return limitErr(m.tables[MaxTables].at, "%d tables (limit MaxTables = %d)", len(m.tables), MaxTables)
@@ -99,6 +99,9 @@ func (m *module) checkTableLimits() *Error {
 	var sum uint64
 	for i, t := range m.tables {
 		n := t.min
+		if n > MaxTableElements {
+			return limitErr(t.at, "table %d: minimum of %d elements exceeds MaxTableElements = %d", i, n, MaxTableElements)
+		}
 		if t.growAt >= 0 {
 			if !t.hasMax {
 				return limitErr(t.growAt, "table.grow on table %d, which declares no maximum (a grown table must declare one ≤ MaxTableElements = %d)", i, MaxTableElements)
@@ -106,11 +109,7 @@ func (m *module) checkTableLimits() *Error {
 			n = t.max
 		}
 		if n > MaxTableElements {
-			at, what := t.at, "minimum"
-			if t.growAt >= 0 {
-				at, what = t.growAt, "maximum (it is grown)"
-			}
-			return limitErr(at, "table %d: %s of %d elements exceeds MaxTableElements = %d", i, what, n, MaxTableElements)
+			return limitErr(t.growAt, "table %d: maximum (it is grown) of %d elements exceeds MaxTableElements = %d", i, n, MaxTableElements)
 		}
 		if sum += n; sum > MaxTableElements {
 			return limitErr(t.at, "tables hold up to %d elements together (limit MaxTableElements = %d)", sum, MaxTableElements)
