@@ -23,6 +23,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -104,6 +105,31 @@ func (m *Model) EncodeChat(body []byte) (prompt string, ids []uint32, err error)
 		return "", nil, ErrNoChatTemplate
 	}
 	prompt, err = m.tmpl.Render(body)
+	if err != nil {
+		return "", nil, err
+	}
+	return prompt, m.EncodePrompt(prompt), nil
+}
+
+// RequestRenderer is a Renderer that also renders a chat body already decoded by chattemplate.ParseRequest
+// (*chattemplate.Template implements it).
+type RequestRenderer interface {
+	// RenderRequest renders r exactly as Render renders the body r was parsed from.
+	RenderRequest(ctx context.Context, r *chattemplate.Request) (string, error)
+}
+
+// EncodeChatRequest is EncodeChat for a chat body already decoded by chattemplate.ParseRequest (the
+// gateway's openai.ParseRequest does it while reading the routing fields), so the body is not scanned
+// again: same prompt, same IDs, same errors. A renderer that is not a RequestRenderer renders r.Body().
+func (m *Model) EncodeChatRequest(r *chattemplate.Request) (prompt string, ids []uint32, err error) {
+	if m.tmpl == nil {
+		return "", nil, ErrNoChatTemplate
+	}
+	if rr, ok := m.tmpl.(RequestRenderer); ok {
+		prompt, err = rr.RenderRequest(context.Background(), r)
+	} else {
+		prompt, err = m.tmpl.Render(r.Body())
+	}
 	if err != nil {
 		return "", nil, err
 	}

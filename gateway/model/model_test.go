@@ -251,7 +251,17 @@ func TestEncodeChatGoldens(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				prompt, ids, err := md.EncodeChat(requestBody(t, c))
+				body := requestBody(t, c)
+				prompt, ids, err := md.EncodeChat(body)
+				// The parse-once path (EncodeChatRequest on chattemplate.ParseRequest) gives the same.
+				parsed, perr := chattemplate.ParseRequest(body, nil)
+				if perr != nil {
+					t.Fatalf("%s: ParseRequest: %v", c.Name, perr)
+				}
+				prompt2, ids2, err2 := md.EncodeChatRequest(parsed)
+				if prompt2 != prompt || !slices.Equal(ids2, ids) || (err == nil) != (err2 == nil) || err != nil && err.Error() != err2.Error() {
+					t.Errorf("%s: EncodeChatRequest (%d IDs, %v) differs from EncodeChat (%d IDs, %v)", c.Name, len(ids2), err2, len(ids), err)
+				}
 				if msg, ok := strings.CutPrefix(string(want), "ERROR: TemplateError: "); ok {
 					// The reference template raised: EncodeChat must fail the same way.
 					re, isRender := errors.AsType[*chattemplate.RenderError](err)
@@ -283,6 +293,13 @@ func TestLoadWithoutTemplate(t *testing.T) {
 	}
 	if _, _, err := md.EncodeChat([]byte(`{"messages":[{"role":"user","content":"hi"}]}`)); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("EncodeChat err = %v, want ErrNoChatTemplate", err)
+	}
+	parsed, err := chattemplate.ParseRequest([]byte(`{"messages":[{"role":"user","content":"hi"}]}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := md.EncodeChatRequest(parsed); !errors.Is(err, ErrNoChatTemplate) {
+		t.Errorf("EncodeChatRequest err = %v, want ErrNoChatTemplate", err)
 	}
 	if got := md.EncodeCompletion("hello"); !slices.Equal(got, []uint32{1, 6312, 28709}) { // HF: <s> ▁hell o
 		t.Errorf("EncodeCompletion = %v", got)

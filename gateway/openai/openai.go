@@ -13,9 +13,12 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/kvgate/kvgate/gateway/chattemplate"
 )
 
 // Error is an error answered to the client in OpenAI's shape, with its HTTP status.
@@ -138,6 +141,11 @@ type Request struct {
 	SinglePrompt bool
 	// HasPromptTokenIDs says a chat body already carries prompt_token_ids (the gateway then leaves it).
 	HasPromptTokenIDs bool
+	// Chat is a chat body decoded for the chat template by the same scan that read the fields above (nil
+	// for completions); render it with chattemplate.Template.RenderRequest (gateway/model's
+	// EncodeChatRequest) instead of parsing the body again. Field errors the template would report
+	// (a malformed message, a bad add_generation_prompt) come from the render, as before.
+	Chat *chattemplate.Request
 }
 
 // MaxTokensCap bounds Request.MaxTokens: a larger max_tokens / max_completion_tokens is read as this many
@@ -152,21 +160,21 @@ const MaxNCap = 1 << 16
 
 // tokenCount reads a token-count member as OpenAI and vLLM accept it: a JSON number with no fractional part
 // (7, 7.0, 7e2), not negative; values over MaxTokensCap (even beyond int64 or float64 range) read as
-// MaxTokensCap. ok is false for other types, fractions and negative numbers.
-func tokenCount(v gjson.Result) (n int64, ok bool) {
-	if v.Type != gjson.Number {
+// MaxTokensCap. ok is false for other types, fractions and negative numbers. raw is the member's JSON text.
+func tokenCount(raw string) (n int64, ok bool) {
+	if rawType(raw) != gjson.Number {
 		return 0, false
 	}
-	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	n, err := strconv.ParseInt(raw, 10, 64)
 	switch {
 	case err == nil:
 	case errors.Is(err, strconv.ErrRange):
-		if v.Raw[0] == '-' {
+		if raw[0] == '-' {
 			return 0, false
 		}
 		n = MaxTokensCap
 	default:
-		f, err := strconv.ParseFloat(v.Raw, 64)
+		f, err := strconv.ParseFloat(raw, 64)
 		if err != nil && !errors.Is(err, strconv.ErrRange) || f != math.Trunc(f) || f < 0 {
 			return 0, false
 		}
@@ -181,8 +189,146 @@ func tokenCount(v gjson.Result) (n int64, ok bool) {
 	return min(n, MaxTokensCap), true
 }
 
+// rawType is the JSON type of a valid JSON value's text, in gjson's terms (objects and arrays are JSON).
+func rawType(raw string) gjson.Type {
+	if raw == "" {
+		return gjson.Null
+	}
+	switch c := raw[0]; {
+	case c == '"':
+		return gjson.String
+	case c == 't':
+		return gjson.True
+	case c == 'f':
+		return gjson.False
+	case c == 'n':
+		return gjson.Null
+	case c == '-' || c >= '0' && c <= '9':
+		return gjson.Number
+	}
+	return gjson.JSON
+}
+
+// rawString decodes a valid JSON string's text as gjson does (an unescaped string is taken as is).
+func rawString(raw string) string {
+	if strings.IndexByte(raw, '\\') < 0 {
+		return raw[1 : len(raw)-1]
+	}
+	return gjson.Parse(raw).Str
+}
+
+// fields holds the raw JSON text of the top-level members routing reads (last occurrence wins, as in
+// Python's json.loads); "" when absent.
+type fields struct {
+	model, stream, maxTokens, maxCompletion, n, salt string
+	promptTokenIDs                                   bool
+}
+
+// member records one top-level member (the chattemplate.ParseRequest callback).
+func (f *fields) member(key string, raw []byte) {
+	switch key {
+	case "model":
+		f.model = string(raw)
+	case "stream":
+		f.stream = string(raw)
+	case "max_tokens":
+		f.maxTokens = string(raw)
+	case "max_completion_tokens":
+		f.maxCompletion = string(raw)
+	case "n":
+		f.n = string(raw)
+	case "cache_salt":
+		f.salt = string(raw)
+	case "prompt_token_ids":
+		f.promptTokenIDs = true
+	}
+}
+
+// apply validates the routing fields into r, in the order ParseRequest reports errors.
+func (f *fields) apply(r *Request) error {
+	if rawType(f.model) != gjson.String || len(f.model) == 2 {
+		return BadRequest("model", "`model` must be a non-empty string.")
+	}
+	r.Model = rawString(f.model)
+	if f.stream != "" && rawType(f.stream) != gjson.Null {
+		t := rawType(f.stream)
+		if t != gjson.True && t != gjson.False {
+			return BadRequest("stream", "`stream` must be a boolean.")
+		}
+		r.Stream = t == gjson.True
+	}
+	for _, m := range []struct{ k, raw string }{{"max_tokens", f.maxTokens}, {"max_completion_tokens", f.maxCompletion}} {
+		if m.raw == "" || rawType(m.raw) == gjson.Null {
+			continue
+		}
+		n, ok := tokenCount(m.raw)
+		if !ok {
+			return BadRequest(m.k, "`%s` must be a non-negative integer.", m.k)
+		}
+		r.MaxTokens = n
+	}
+	if f.n != "" && rawType(f.n) != gjson.Null {
+		v, ok := tokenCount(f.n)
+		if !ok || v < 1 {
+			return BadRequest("n", "`n` must be a positive integer.")
+		}
+		r.N = min(v, MaxNCap)
+	}
+	if f.salt != "" && rawType(f.salt) != gjson.Null {
+		if rawType(f.salt) != gjson.String {
+			return BadRequest("cache_salt", "`cache_salt` must be a string.")
+		}
+		r.CacheSalt = rawString(f.salt)
+	}
+	r.HasPromptTokenIDs = f.promptTokenIDs
+	return nil
+}
+
+// parseChat is ParseRequest for Chat: one scan of the body (chattemplate.ParseRequest) decodes what the
+// chat template reads and hands the routing members over raw.
+func parseChat(body []byte) (*Request, error) {
+	var f fields
+	chat, err := chattemplate.ParseRequest(body, f.member)
+	if err != nil {
+		return nil, syntaxError(body, err)
+	}
+	r := &Request{API: Chat, MaxTokens: -1, N: 1, Chat: chat}
+	if err := f.apply(r); err != nil {
+		return nil, err
+	}
+	if chat.Messages() <= 0 {
+		return nil, BadRequest("messages", "`messages` must be a non-empty array.")
+	}
+	return r, nil
+}
+
+// syntaxError is the 400 for a body chattemplate.ParseRequest refused: not JSON, not an object, or (valid
+// JSON) nested deeper than the template decoder allows.
+func syntaxError(body []byte, err error) *Error {
+	if !json.Valid(body) {
+		return BadRequest("", "Request body is not valid JSON.")
+	}
+	if !gjson.ParseBytes(body).IsObject() {
+		return BadRequest("", "Request body must be a JSON object.")
+	}
+	if re, ok := errors.AsType[*chattemplate.RequestError](err); ok && re.Path != "" {
+		return BadRequest(re.Path, "%s: %s", re.Path, re.Message)
+	}
+	return BadRequest("messages", "%s", strings.TrimPrefix(err.Error(), "chattemplate: request: "))
+}
+
 // ParseRequest validates body for api and extracts the routing fields; errors are *Error with status 400.
+// A chat body is scanned once: the same pass decodes what the chat template reads into Request.Chat.
 func ParseRequest(api API, body []byte) (*Request, error) {
+	if api == Chat {
+		return parseChat(body)
+	}
+	return parseGJSON(api, body)
+}
+
+// parseGJSON is ParseRequest on gjson (a validation pass, then one pass over the top-level members). It
+// serves completions; for chat it is the reference parseChat is fuzzed against.
+func parseGJSON(api API, body []byte) (*Request, error) {
 	if !gjson.ValidBytes(body) {
 		return nil, BadRequest("", "Request body is not valid JSON.")
 	}
@@ -233,14 +379,14 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 		if !f.v.Exists() || f.v.Type == gjson.Null {
 			continue
 		}
-		n, ok := tokenCount(f.v)
+		n, ok := tokenCount(f.v.Raw)
 		if !ok {
 			return nil, BadRequest(f.k, "`%s` must be a non-negative integer.", f.k)
 		}
 		r.MaxTokens = n
 	}
 	if n.Exists() && n.Type != gjson.Null {
-		v, ok := tokenCount(n)
+		v, ok := tokenCount(n.Raw)
 		if !ok || v < 1 {
 			return nil, BadRequest("n", "`n` must be a positive integer.")
 		}

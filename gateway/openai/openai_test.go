@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -97,6 +98,9 @@ func FuzzParseRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, api uint8, body []byte) {
 		a := API(api%2 + 1)
 		r, err := ParseRequest(a, body)
+		if a == Chat {
+			checkChatAgainstGJSON(t, body, r, err)
+		}
 		if err != nil {
 			var oe *Error
 			if !errors.As(err, &oe) || oe.Status != 400 {
@@ -111,6 +115,9 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("max tokens %d outside [-1, MaxTokensCap] or n %d outside [1, MaxNCap]", r.MaxTokens, r.N)
 		}
 		if a == Chat {
+			if r.Chat == nil || r.Chat.Messages() < 1 {
+				t.Fatal("chat request without its decoded messages")
+			}
 			if !json.Valid(SpliceChatTokenIDs(body, []uint32{1, 2})) {
 				t.Fatalf("splice made invalid JSON from %q", body)
 			}
@@ -160,5 +167,61 @@ func TestNValues(t *testing.T) {
 		if oe, ok := errors.AsType[*Error](err); !ok || oe.Status != 400 || oe.Param != "n" {
 			t.Errorf("n=%s: %v", raw, err)
 		}
+	}
+}
+
+// checkChatAgainstGJSON compares the one-scan chat parse with the gjson reference: the same fields, or
+// errors on the same parameter. The one difference allowed: nesting deeper than the template decoder
+// takes (128) is refused at once (gjson accepted it and the render refused it later, also with a 400).
+func checkChatAgainstGJSON(t *testing.T, body []byte, r *Request, err error) {
+	t.Helper()
+	want, werr := parseGJSON(Chat, body)
+	if werr == nil && err != nil && strings.Contains(err.Error(), "nested too deeply") {
+		return
+	}
+	if (err == nil) != (werr == nil) {
+		t.Fatalf("%q: one scan: %v; gjson: %v", body, err, werr)
+	}
+	if err != nil {
+		oe, _ := errors.AsType[*Error](err)
+		we, _ := errors.AsType[*Error](werr)
+		if oe == nil || we == nil || oe.Param != we.Param || oe.Status != we.Status {
+			t.Fatalf("%q: one scan: %v; gjson: %v", body, err, werr)
+		}
+		return
+	}
+	got := *r
+	got.Chat = nil
+	if !reflect.DeepEqual(&got, want) {
+		t.Fatalf("%q: one scan %+v, gjson %+v", body, got, *want)
+	}
+}
+
+// TestParseChatMatchesGJSON runs the comparison on hand-picked bodies (the fuzz target covers the rest).
+func TestParseChatMatchesGJSON(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_completion_tokens":7,"cache_salt":"s"}`,
+		` {"model":"a\u00e9\"b" , "messages" : [ {} ] , "n" : 2.0, "stream": null, "max_tokens": 1e400 } `,
+		`{"model":"m","messages":[{}],"model":"n","prompt_token_ids":[1,2]}`,
+		`{"model":"m","messages":[{}],"cache_salt":"x\ny"}`,
+		`{"model":"m","messages":[{}],"cache_salt":5}`,
+		`{"model":"","messages":[{}]}`,
+		`{"model":"m","messages":[]}`,
+		`{"model":"m","messages":"x"}`,
+		`{"model":"m"}`,
+		`{"model":"m","messages":[{}],"stream":1}`,
+		`{"model":"m","messages":[{}],"n":0}`,
+		`{"model":"m","messages":[{}],"add_generation_prompt":"maybe"}`,
+		`{"model":"m","messages":[{}]} x`,
+		`{"model":"m","messages":[{}],}`,
+		`"x"`, `[]`, ``, `   `,
+		"{\"model\":\"m\xff\",\"messages\":[{}]}",
+	} {
+		r, err := ParseRequest(Chat, []byte(body))
+		checkChatAgainstGJSON(t, []byte(body), r, err)
+	}
+	deep := `{"model":"m","messages":[{}],"x":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`
+	if _, err := ParseRequest(Chat, []byte(deep)); err == nil || !strings.Contains(err.Error(), "nested too deeply") {
+		t.Fatalf("deep body: %v", err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/endpoints"
 	"github.com/kvgate/kvgate/gateway/metrics"
 	"github.com/kvgate/kvgate/gateway/openai"
@@ -40,6 +41,13 @@ type Encoder interface {
 	EncodeChat(body []byte) (prompt string, ids []uint32, err error)
 	// EncodeCompletion tokenizes a completions prompt string, adding special tokens (BOS) as vLLM does.
 	EncodeCompletion(prompt string) []uint32
+}
+
+// ChatRequestEncoder is an Encoder that also encodes a chat body already decoded by openai.ParseRequest
+// (openai.Request.Chat), so Plan does not scan the body a second time; gateway/model.Model implements it.
+// Its results and errors are EncodeChat's for the same body.
+type ChatRequestEncoder interface {
+	EncodeChatRequest(r *chattemplate.Request) (prompt string, ids []uint32, err error)
 }
 
 // RankInfo says which policy ranked a snapshot.
@@ -274,7 +282,13 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	// 1. tokenize
 	switch {
 	case req.API == openai.Chat:
-		_, ids, err := m.Encoder.EncodeChat(body)
+		var ids []uint32
+		var err error
+		if ce, ok := m.Encoder.(ChatRequestEncoder); ok && req.Chat != nil {
+			_, ids, err = ce.EncodeChatRequest(req.Chat)
+		} else {
+			_, ids, err = m.Encoder.EncodeChat(body)
+		}
 		if err != nil {
 			return nil, chatError(err)
 		}
