@@ -71,6 +71,8 @@ func TestResourceBombs(t *testing.T) {
 		{name: "fd-write", wasm: fromFile("fd-write"), reject: []string{"warm-up call: no answer within"}},
 		{name: "fd-write-iovecs", wasm: fromFile("fd-write-iovecs"), reject: []string{"warm-up call: no answer within"}},
 		{name: "random-get", wasm: fromFile("random-get"), reject: []string{"warm-up call: no answer within"}},
+		{name: "poll-sleep", wasm: fromFile("poll-sleep")},
+		{name: "poll-stdin", wasm: fromFile("poll-stdin")},
 		{name: "exit-choose", wasm: fromFile("exit-choose"), reject: []string{"sample random-64: trap"}},
 		{name: "exit-deadline-code", wasm: fromFile("exit-deadline-code"), reject: []string{"warm-up call: no answer within"}},
 		{name: "exit-init", wasm: fromFile("exit-init"), reject: []string{"module closed with exit_code(0)"}},

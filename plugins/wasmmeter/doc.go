@@ -11,6 +11,11 @@
 // bulk operation in flight) — including loop-free call trees, which wazero's WithCloseOnContextDone
 // cannot interrupt.
 //
+// Instrument also closes what fuel cannot see: it rejects modules whose declarations would make wazero
+// allocate or compile without bound (tables, locals, section counts, body size, nesting and branch
+// budgets: ErrLimit, limits.go), charges memory.grow and the size-dependent WASI calls, and meters the
+// call stack (MaxStackUnits) so recursion traps long before wazero's 50 MB stack ceiling.
+//
 // Instrument accepts what wazero 1.12 accepts by default (api.CoreFeaturesV2: MVP, sign extension,
 // non-trapping conversions, bulk memory, reference types, multi-value, SIMD). Other proposals (threads,
 // tail calls, exception handling, GC and typed function references, extended constants in code) are

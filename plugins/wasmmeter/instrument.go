@@ -90,8 +90,14 @@ type module struct {
 // DWARF ".debug_*" and "sourceMappingURL" custom sections are dropped because code offsets change).
 // wasm is not modified.
 //
+// Each function that calls others also adds its frame weight (1 + (params+locals)/8 + body bytes/64)
+// to a second new global, the stack-units counter, at entry and subtracts it at every exit; above
+// MaxStackUnits it executes unreachable (a trap). A body's memory.grow and its calls to the WASI
+// functions random_get, fd_write and poll_oneoff are charged by their size operand before they run.
+//
 // Errors are *Error wrapping ErrMalformed (with the byte offset of the problem), ErrUnsupported (opcodes,
-// sections or forms outside wazero 1.12's default CoreFeaturesV2) or ErrAlreadyMetered (the module
+// sections or forms outside wazero 1.12's default CoreFeaturesV2), ErrLimit (a table, count, body size,
+// nesting or branch budget over the Max* constants of limits.go) or ErrAlreadyMetered (the module
 // already imports from ImportModule). Instrument does not validate types; wazero does that at compile.
 func Instrument(wasm []byte) ([]byte, error) {
 	m := &module{in: wasm, skipLeafEntry: true}

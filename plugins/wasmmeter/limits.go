@@ -11,7 +11,7 @@ package wasmmeter
 // wasm-limits.h) where those are tight enough for an in-process gateway, and lower where a per-instance
 // cost multiplied by the pool size or a compile time measured here called for it (RATIONALE.md, "Static
 // resource limits"). Every real policy module (the Go built-in, the Go examples, the AssemblyScript
-// example) is far below each one (TestLimitsHeadroom).
+// example) is far below each one (TestInstrumentCompilesAll and TestPoliciesRankIdentically run them).
 const (
 	// MaxTableElements bounds the elements every table of a module can ever hold, summed over its
 	// defined and imported tables: a table counts with its minimum, or with its maximum when the module
