@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -29,7 +30,14 @@ func TestAppendUint32(t *testing.T) {
 
 // TestAppendIDsJSON checks that AppendIDs writes a JSON array that decodes back to the same IDs.
 func TestAppendIDsJSON(t *testing.T) {
-	for _, ids := range [][]uint32{{}, {0}, {7, 151643, 0, 42, math.MaxUint32}} {
+	edges := []uint32{0, 9, 10, 99, 100, 999, 1000, 9999, 10000, 10001, 99999, 100000, 151643, 9999999,
+		99999999, 100000000, 100000001, math.MaxUint32}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var random []uint32
+	for range 5000 {
+		random = append(random, rng.Uint32N(262144), rng.Uint32())
+	}
+	for _, ids := range [][]uint32{{}, {0}, {7, 151643, 0, 42, math.MaxUint32}, edges, random} {
 		out := AppendIDs([]byte("prefix"), ids)
 		if string(out[:6]) != "prefix" {
 			t.Fatalf("prefix lost: %q", out)
@@ -46,6 +54,17 @@ func TestAppendIDsJSON(t *testing.T) {
 				t.Fatalf("%q decodes to %v", out, back)
 			}
 		}
+		// Byte for byte what strconv writes.
+		want := []byte("prefix[")
+		for i, id := range ids {
+			if i > 0 {
+				want = append(want, ',')
+			}
+			want = strconv.AppendUint(want, uint64(id), 10)
+		}
+		if want = append(want, ']'); string(out) != string(want) {
+			t.Fatalf("AppendIDs differs from strconv for %v", ids[:min(len(ids), 8)])
+		}
 	}
 }
 
@@ -59,5 +78,18 @@ func BenchmarkAppendIDs(b *testing.B) {
 	buf := make([]byte, 0, 16<<10)
 	for b.Loop() {
 		buf = AppendIDs(buf[:0], ids)
+	}
+}
+
+// BenchmarkSpliceChatTokenIDs splices 2,000 token IDs into an 8 KB chat body (the engine-simulator path).
+func BenchmarkSpliceChatTokenIDs(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	ids := make([]uint32, 2000)
+	for i := range ids {
+		ids[i] = rng.Uint32N(151643)
+	}
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 8000) + `"}]}`)
+	for b.Loop() {
+		SpliceChatTokenIDs(body, ids)
 	}
 }

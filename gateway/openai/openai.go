@@ -6,6 +6,7 @@
 package openai
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -475,16 +476,62 @@ func tokenIDs(items []gjson.Result) ([]uint32, bool) {
 }
 
 // AppendIDs appends ids as a JSON array of integers.
+//
+// Each ID below 10^8 is written as at most two 4-digit groups from quad, with one 4-byte store per group
+// (BenchmarkAppendIDs: ~5 µs for 2,000 IDs of a 152k vocabulary, against ~15 µs dividing by 100 per digit
+// pair); larger IDs take appendUint32.
 func AppendIDs(dst []byte, ids []uint32) []byte {
-	dst = slices.Grow(dst, len(ids)*7+2) // 6 digits and a comma cover vocabularies below 1e6
-	dst = append(dst, '[')
-	for i, id := range ids {
-		if i > 0 {
-			dst = append(dst, ',')
+	n := len(dst)
+	// 10 digits and a comma per ID, the brackets, and 3 bytes of slack for the last 4-byte store.
+	dst = slices.Grow(dst, len(ids)*11+5)
+	buf := dst[:cap(dst)]
+	buf[n] = '['
+	n++
+	for _, v := range ids {
+		switch {
+		case v < 10000:
+			d := digits4(v)
+			binary.LittleEndian.PutUint32(buf[n:], quad[v]>>((4-d)*8))
+			n += d
+		case v < 100000000:
+			hi, lo := v/10000, v%10000
+			d := digits4(hi)
+			binary.LittleEndian.PutUint32(buf[n:], quad[hi]>>((4-d)*8))
+			binary.LittleEndian.PutUint32(buf[n+d:], quad[lo])
+			n += d + 4
+		default:
+			n += len(appendUint32(buf[n:n], v))
 		}
-		dst = appendUint32(dst, id)
+		buf[n] = ','
+		n++
 	}
-	return append(dst, ']')
+	if len(ids) == 0 {
+		buf[n] = ']'
+		return buf[:n+1]
+	}
+	buf[n-1] = ']' // the last comma
+	return buf[:n]
+}
+
+// quad[i] holds the 4 ASCII digits of i (zero-padded, first digit in the low byte) for i < 10^4.
+var quad = func() (t [10000]uint32) {
+	for i := range t {
+		t[i] = uint32('0'+i/1000) | uint32('0'+i/100%10)<<8 | uint32('0'+i/10%10)<<16 | uint32('0'+i%10)<<24
+	}
+	return t
+}()
+
+// digits4 is the number of decimal digits of v < 10^4.
+func digits4(v uint32) int {
+	switch {
+	case v < 10:
+		return 1
+	case v < 100:
+		return 2
+	case v < 1000:
+		return 3
+	}
+	return 4
 }
 
 // digitPairs holds "00" to "99": appendUint32 writes two digits per division.
@@ -524,7 +571,7 @@ func SpliceChatTokenIDs(body []byte, ids []uint32) []byte {
 	for i < len(body) && body[i] != '{' {
 		i++
 	}
-	out := make([]byte, 0, len(body)+len(ids)*7+24)
+	out := make([]byte, 0, len(body)+len(ids)*11+32) // what AppendIDs reserves: it never reallocates
 	out = append(out, body[:i+1]...)
 	out = append(out, `"prompt_token_ids":`...)
 	out = AppendIDs(out, ids)
