@@ -32,10 +32,10 @@ const (
 	// MaxParams and MaxResults bound one function type's parameters and results (JS API: 1,000 each).
 	MaxParams  = 1000
 	MaxResults = 1000
-	// MaxImports bounds the imports (JS API: 100,000, raised to 1,000,000 in 2024; the host allows 15 WASI
+	// MaxImports bounds the imports (JS API: 100,000, later raised to 1,000,000; the host allows 15 WASI
 	// functions).
 	MaxImports = 1000
-	// MaxExports bounds the exports (JS API: 100,000, raised to 1,000,000 in 2024).
+	// MaxExports bounds the exports (JS API: 100,000, later raised to 1,000,000).
 	MaxExports = 10_000
 	// MaxFunctions bounds defined + imported functions (JS API: 1,000,000). wazero compiles every
 	// function up front at a fixed cost each: 2 million empty functions took 8.7 s and 1.1 GB here.
