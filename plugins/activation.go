@@ -12,7 +12,6 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
-	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/kvgate/kvgate/plugins/threetier"
 	"github.com/kvgate/kvgate/sdk"
@@ -30,6 +29,8 @@ type instance struct {
 	seen   []bool
 	out    *capWriter
 	dl     callDeadline // the context of the instance's metered calls (uploaded modules)
+	// lastErr is the error of the instance's last failed call (a trap's message for validation reports).
+	lastErr error
 }
 
 // activation is one version with one config for one model: a fixed pool of instances.
@@ -84,16 +85,18 @@ func (h *Host) newInstance(ctx context.Context, ver *version, config []byte) (*i
 }
 
 func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*instance, error) {
+	var dl *callDeadline
 	if !ver.trusted {
-		dl := &callDeadline{}
+		dl = &callDeadline{}
 		ctx = dl.start(time.Now().Add(h.opts.InitTimeout))
 	}
+	stopped := func() bool { return dl != nil && dl.expired }
 	out := &capWriter{limit: h.opts.StderrLimitBytes}
 	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions("_initialize").
 		WithSysNanotime().WithStdout(out).WithStderr(out)
 	mod, err := ver.rt.InstantiateModule(ctx, ver.compiled, cfg)
 	if err != nil {
-		if isDeadlineExit(err) {
+		if stopped() {
 			err = fmt.Errorf("%w (did not finish within %s)", err, h.opts.InitTimeout)
 		}
 		return nil, fmt.Errorf("%w: instantiate: %w (%s)", ErrInitFailed, err, out.String())
@@ -102,7 +105,7 @@ func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*i
 		mem: mod.Memory(), stack: make([]uint64, 1), out: out}
 	fail := func(err error) (*instance, error) {
 		_ = mod.Close(context.Background())
-		if isDeadlineExit(err) {
+		if stopped() {
 			err = fmt.Errorf("%w (instantiate and init did not finish within %s)", err, h.opts.InitTimeout)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrInitFailed, err)
@@ -344,12 +347,6 @@ func (a *activation) miss() {
 	}
 }
 
-// isDeadlineExit reports whether err is the exit refill forces at a passed deadline.
-func isDeadlineExit(err error) bool {
-	var ee *sys.ExitError
-	return errors.As(err, &ee) && (ee.ExitCode() == sys.ExitCodeDeadlineExceeded || ee.ExitCode() == sys.ExitCodeContextCanceled)
-}
-
 // call is one prepared guest call: the snapshot already encoded into the instance's buffer. Only the
 // goroutine running invoke touches it afterwards, so an abandoned call never reads the caller's
 // snapshot.
@@ -396,9 +393,9 @@ func (i *instance) invoke(ctx context.Context, c call) (out []int, reason Reason
 	n := c.n
 	i.stack[0] = api.EncodeI32(int32(c.size))
 	if err := i.choose.CallWithStack(ctx, i.stack); err != nil {
-		var ee *sys.ExitError
-		if errors.As(err, &ee) && (ee.ExitCode() == sys.ExitCodeDeadlineExceeded || ee.ExitCode() == sys.ExitCodeContextCanceled) {
-			return nil, ReasonTimeout, 0, true
+		i.lastErr = err
+		if d, ok := ctx.(*callDeadline); ok && d.expired {
+			return nil, ReasonTimeout, 0, true // refill stopped it (a guest's own proc_exit is a trap)
 		}
 		return nil, ReasonTrap, 0, true
 	}

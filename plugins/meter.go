@@ -21,14 +21,15 @@ import (
 type callDeadline struct {
 	context.Context // context.Background()
 	at              time.Time
-	refills         int // refills during this call
+	refills         int  // refills during this call
+	expired         bool // refill stopped the call at its deadline
 }
 
 // Deadline implements context.Context.
 func (d *callDeadline) Deadline() (time.Time, bool) { return d.at, true }
 
 func (d *callDeadline) start(at time.Time) *callDeadline {
-	d.Context, d.at, d.refills = context.Background(), at, 0
+	d.Context, d.at, d.refills, d.expired = context.Background(), at, 0, false
 	return d
 }
 
@@ -42,8 +43,8 @@ func (h *Host) instantiateMeter(ctx context.Context, rt wazero.Runtime) error {
 }
 
 // refill is the guest's import kvgate_meter.refill () -> i32: it aborts the call once its deadline has
-// passed (as a deadline exit, which invoke maps to ReasonTimeout) and otherwise returns the next fuel
-// interval.
+// passed (marking the callDeadline expired, which invoke maps to ReasonTimeout) and otherwise returns the
+// next fuel interval.
 func (h *Host) refill(ctx context.Context, _ api.Module, stack []uint64) {
 	h.refills.Add(1)
 	d, ok := ctx.(*callDeadline)
@@ -56,6 +57,9 @@ func (h *Host) refill(ctx context.Context, _ api.Module, stack []uint64) {
 		panic(sys.NewExitError(sys.ExitCodeDeadlineExceeded))
 	}
 	if over := time.Since(at); over >= 0 {
+		if d != nil {
+			d.expired = true
+		}
 		h.interrupted.Add(1)
 		h.overrunNano.Add(int64(over))
 		panic(sys.NewExitError(sys.ExitCodeDeadlineExceeded))

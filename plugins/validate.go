@@ -211,7 +211,7 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 			res.Problem = fmt.Sprintf("no answer within the %s deadline", h.opts.ValidationTimeout)
 			inst = nil // closed by sampleCall
 		case ReasonTrap:
-			res.Problem = "trap: " + strings.TrimSpace(inst.out.String())
+			res.Problem = "trap: " + trapText(inst)
 			inst.close()
 			inst, err = h.newInstance(ctx, ver, nil)
 			if err != nil {
@@ -257,6 +257,18 @@ func compileModule(ctx context.Context, rt wazero.Runtime, wasm []byte) (c wazer
 		}
 	}()
 	return rt.CompileModule(ctx, wasm)
+}
+
+// trapText is the first line of inst's last error (e.g. "wasm error: unreachable") and the guest's output.
+func trapText(inst *instance) string {
+	msg := "unknown"
+	if inst.lastErr != nil {
+		msg, _, _ = strings.Cut(inst.lastErr.Error(), "\n")
+	}
+	if out := strings.TrimSpace(inst.out.String()); out != "" {
+		msg += " (output: " + out + ")"
+	}
+	return msg
 }
 
 func healthyCount(s *Snapshot) int {

@@ -3,7 +3,9 @@ package plugins
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestCompilerPanicIsRejected: a module on which wazero 1.12's compiler panics (found by wasmmeter's
@@ -17,4 +19,23 @@ func TestCompilerPanicIsRejected(t *testing.T) {
 	if _, rep, err := h.Load("panic", wasm); !errors.Is(err, ErrInvalidModule) || rep.OK() {
 		t.Fatalf("%v %v", err, rep.Problems)
 	}
+}
+
+// TestTrapReported: a sample that traps shows the runtime's message in the report, not only the guest's
+// output (bomb.wasm traps with unreachable on sequence 1003; the samples do not, so call it directly).
+func TestTrapReported(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger()})
+	_, bomb := activateBomb(t, h, "m", "bomb-trap")
+	ver := h.versions[bomb]
+	inst, err := h.newInstance(context.Background(), ver, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, reason, _ := h.sampleCall(context.Background(), ver, inst, bombSnapshot(1003), time.Second); reason != ReasonTrap {
+		t.Fatalf("reason %v", reason)
+	}
+	if got := trapText(inst); !strings.HasPrefix(got, "wasm error: unreachable") {
+		t.Fatalf("trap text %q", got)
+	}
+	inst.close()
 }
