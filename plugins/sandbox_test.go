@@ -72,14 +72,14 @@ func TestResourceBombs(t *testing.T) {
 		// the grown instance then answers at once.
 		{name: "mem-grow-loop", wasm: fromFile("mem-grow-loop"), rank: []Reason{ReasonNone, ReasonTimeout}},
 		{name: "start-grow", wasm: fromFile("start-grow"), reject: []string{"instantiate", "unreachable"}},
-		{name: "stack-overflow", wasm: fromFile("stack-overflow"), reject: []string{"sample no-endpoints: trap", "sample random-64: trap"}},
+		{name: "stack-overflow", wasm: fromFile("stack-overflow"), reject: []string{"warm-up call: trap: wasm error: unreachable"}},
 		{name: "fd-write", wasm: fromFile("fd-write"), reject: []string{"warm-up call: no answer within"}},
 		{name: "fd-write-iovecs", wasm: fromFile("fd-write-iovecs"), reject: []string{"warm-up call: no answer within"}},
 		{name: "random-get", wasm: fromFile("random-get"), reject: []string{"warm-up call: no answer within"}},
 		{name: "poll-sleep", wasm: fromFile("poll-sleep")},
 		{name: "poll-stdin", wasm: fromFile("poll-stdin")},
-		{name: "exit-choose", wasm: fromFile("exit-choose"), reject: []string{"sample random-64: trap"}},
-		{name: "exit-deadline-code", wasm: fromFile("exit-deadline-code"), reject: []string{"sample random-64: trap: module closed with context deadline exceeded"}}, // its own proc_exit, not a timeout
+		{name: "exit-choose", wasm: fromFile("exit-choose"), reject: []string{"warm-up call: trap: module closed with exit_code(0)"}},
+		{name: "exit-deadline-code", wasm: fromFile("exit-deadline-code"), reject: []string{"warm-up call: trap: module closed with context deadline exceeded"}}, // its own proc_exit, not a timeout
 		{name: "exit-init", wasm: fromFile("exit-init"), reject: []string{"module closed with exit_code(0)"}},
 	}
 	// 8 MiB of linear memory per instance (the built-in needs ~3): mem-grow-loop fills it in each instance.

@@ -188,8 +188,12 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 	// One warm-up call (a Go guest's first call is slower) under 10 × ValidationTimeout, then the
 	// sample snapshots, each under ValidationTimeout. A miss discards the instance.
 	warm := SampleSnapshots()[2].Snapshot
-	if _, reason, _ := h.sampleCall(ctx, ver, inst, &warm, 10*h.opts.ValidationTimeout); reason == ReasonTimeout {
+	switch _, reason, _ := h.sampleCall(ctx, ver, inst, &warm, 10*h.opts.ValidationTimeout); reason {
+	case ReasonTimeout:
 		problem("warm-up call: no answer within %s", 10*h.opts.ValidationTimeout)
+		return rep
+	case ReasonTrap: // the instance is broken; the warm-up snapshot is also a sample, so this is final
+		problem("warm-up call: trap: %s", trapText(inst))
 		return rep
 	}
 	for _, smp := range SampleSnapshots() {
