@@ -2,7 +2,9 @@
 // before tokenizing, so the gateway sees the tokens the engine will see.
 //
 // A Template is built from a Hugging Face model directory (Load) or a template source (New) and is
-// compiled once; Render takes the request body as the client sent it. What it mirrors, and from where:
+// compiled once; Render takes the request body as the client sent it. A caller that reads other members of
+// the body too decodes it once with ParseRequest (the members the template does not read are handed to a
+// callback raw) and renders the result with RenderRequest. What it mirrors, and from where:
 //
 //   - request fields as vLLM's ChatCompletionRequest reads them (add_generation_prompt defaults to true,
 //     continue_final_message, documents, reasoning_effort, chat_template_kwargs merged as

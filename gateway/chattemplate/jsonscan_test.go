@@ -1,6 +1,7 @@
 package chattemplate
 
 import (
+	"encoding/binary"
 	"errors"
 	"testing"
 )
@@ -56,4 +57,25 @@ func BenchmarkJSONDecode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestSpecialIn8 checks the 8-byte test against a byte loop, for every byte value at every position of
+// an otherwise plain word.
+func TestSpecialIn8(t *testing.T) {
+	special := func(c byte) bool { return c == '"' || c == '\\' || c < 0x20 }
+	for pos := range 8 {
+		for c := range 256 {
+			for _, fill := range []byte{'a', 0xc3, 0x7f, 0x20, 0xff} {
+				w := [8]byte{}
+				for i := range w {
+					w[i] = fill
+				}
+				w[pos] = byte(c)
+				want := special(byte(c)) || special(fill)
+				if got := specialIn8(binary.LittleEndian.Uint64(w[:])); got != want {
+					t.Fatalf("specialIn8(%q) = %v, want %v", w, got, want)
+				}
+			}
+		}
+	}
 }
