@@ -93,3 +93,21 @@ func BenchmarkSpliceChatTokenIDs(b *testing.B) {
 		SpliceChatTokenIDs(body, ids)
 	}
 }
+
+// TestSpliceAllocatesOnce: the chat splice reserves what AppendIDs needs (one allocation, no regrowth),
+// for IDs of every digit count.
+func TestSpliceAllocatesOnce(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[]}`)
+	for _, top := range []uint32{0, 9, 10, 99999, 151643, 999999, 1000000, math.MaxUint32} {
+		ids := []uint32{1, top, 22, top, 333}
+		if n := testing.AllocsPerRun(10, func() { SpliceChatTokenIDs(body, ids) }); n != 1 {
+			t.Fatalf("top %d: %v allocations, want 1", top, n)
+		}
+		var back struct {
+			IDs []uint32 `json:"prompt_token_ids"`
+		}
+		if err := json.Unmarshal(SpliceChatTokenIDs(body, ids), &back); err != nil || len(back.IDs) != 5 || back.IDs[1] != top {
+			t.Fatalf("top %d: %v %v", top, back.IDs, err)
+		}
+	}
+}

@@ -482,8 +482,7 @@ func tokenIDs(items []gjson.Result) ([]uint32, bool) {
 // pair); larger IDs take appendUint32.
 func AppendIDs(dst []byte, ids []uint32) []byte {
 	n := len(dst)
-	// 10 digits and a comma per ID, the brackets, and 3 bytes of slack for the last 4-byte store.
-	dst = slices.Grow(dst, len(ids)*11+5)
+	dst = slices.Grow(dst, idsRoom(ids))
 	buf := dst[:cap(dst)]
 	buf[n] = '['
 	n++
@@ -511,6 +510,23 @@ func AppendIDs(dst []byte, ids []uint32) []byte {
 	}
 	buf[n-1] = ']' // the last comma
 	return buf[:n]
+}
+
+// idsRoom bounds the bytes AppendIDs writes for ids, plus the 3 bytes of slack its last 4-byte store
+// may touch: the digits of the largest ID and a comma per ID, and the brackets.
+func idsRoom(ids []uint32) int {
+	var top uint32
+	for _, v := range ids {
+		top = max(top, v)
+	}
+	d := 10
+	for p, i := uint32(10), 1; i < 10; p, i = p*10, i+1 {
+		if top < p {
+			d = i
+			break
+		}
+	}
+	return len(ids)*(d+1) + 5
 }
 
 // quad[i] holds the 4 ASCII digits of i (zero-padded, first digit in the low byte) for i < 10^4.
@@ -571,7 +587,7 @@ func SpliceChatTokenIDs(body []byte, ids []uint32) []byte {
 	for i < len(body) && body[i] != '{' {
 		i++
 	}
-	out := make([]byte, 0, len(body)+len(ids)*11+32) // what AppendIDs reserves: it never reallocates
+	out := make([]byte, 0, len(body)+idsRoom(ids)+24) // what AppendIDs reserves: it never reallocates
 	out = append(out, body[:i+1]...)
 	out = append(out, `"prompt_token_ids":`...)
 	out = AppendIDs(out, ids)
