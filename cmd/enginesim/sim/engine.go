@@ -202,7 +202,8 @@ type request struct {
 	notify chan struct{}
 	out    []uint32
 	done   bool
-	reason string // finish reason ("length") when done
+	reason string   // finish reason ("length") when done
+	final  []uint32 // the last token, emitted by finish together with done
 	err    error
 	stats  requestStats
 }
@@ -228,6 +229,7 @@ func (r *request) emit(ids ...uint32) {
 func (r *request) finish(reason string, err error) {
 	r.mu.Lock()
 	if !r.done {
+		r.out = append(r.out, r.final...)
 		r.done, r.reason, r.err = true, reason, err
 	}
 	r.mu.Unlock()
@@ -511,13 +513,17 @@ func (e *Engine) apply(work []stepWork) {
 		}
 		r.lastTokenV = e.vclock
 		tok := e.vocab.token(r.outStart, r.generatedN)
-		r.emit(tok)
 		r.generatedN++
 		r.seq = append(r.seq, tok)
 		e.cacheOutputBlock(r)
 		e.m.generationToks.Inc()
 		if r.generatedN >= r.maxTokens {
+			// The last token becomes visible together with the finish reason (finish), as vLLM sends
+			// them in one chunk: emitted alone, a reader could stream it without finish_reason.
+			r.final = append(r.final[:0], tok)
 			finished = append(finished, r)
+		} else {
+			r.emit(tok)
 		}
 	}
 	for _, r := range finished {
