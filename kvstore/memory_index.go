@@ -50,11 +50,6 @@ type memSlot struct {
 	ref uint32 // CLOCK reference bit, set atomically by readers
 }
 
-type specKey struct {
-	ik  uint64
-	hid uint16
-}
-
 type specItem struct {
 	ik      uint64
 	hid     uint16
@@ -75,10 +70,10 @@ type memShard struct {
 	limit int
 	hand  int
 	over  map[uint64][]uint32 // holders beyond the inline ones, by internal key
-	rev   map[uint16]*revList
-	spec  map[specKey]int64 // speculative expiry (Unix ns) per (internal key, holder)
-	specQ []specItem        // FIFO of speculative writes, swept lazily under the write lock
-	_     [64]byte          // keep shards' hot fields on separate cache lines
+	rev   []*revList          // by holder ID; nil = none
+	spec  specTable           // speculative expiry (Unix ns) per (internal key, holder)
+	specQ []specItem          // FIFO of speculative writes, swept lazily under the write lock
+	_     [64]byte            // keep shards' hot fields on separate cache lines
 }
 
 type memModel struct {
@@ -133,8 +128,6 @@ func NewMemoryIndex(cfg MemoryConfig) *MemoryIndex {
 		s.table = make([]memSlot, 64)
 		s.mask = 63
 		s.over = map[uint64][]uint32{}
-		s.rev = map[uint16]*revList{}
-		s.spec = map[specKey]int64{}
 		s.limit = per
 	}
 	return m
@@ -240,7 +233,7 @@ func (m *MemoryIndex) Match(_ context.Context, model string, keys []BlockKey) ([
 			if now == 0 {
 				now = m.now().UnixNano()
 			}
-			if s.spec[specKey{ik: ik, hid: uint16(h >> 8)}] > now {
+			if s.spec.get(ik, uint16(h>>8)) > now {
 				return true, true
 			}
 		}
@@ -351,19 +344,16 @@ func (m *MemoryIndex) Add(_ context.Context, model string, ep EndpointID, tier T
 		return fmt.Errorf("kvstore: add: %w", err)
 	}
 	var now int64
-	for _, k := range keys {
-		ik := uint64(k) ^ mix
-		s := m.shardOf(ik)
-		s.mu.Lock()
+	m.eachShard(keys, mix, func(s *memShard) {
 		if len(s.specQ) > 0 {
 			if now == 0 {
 				now = m.now().UnixNano()
 			}
 			s.sweep(now)
 		}
+	}, func(s *memShard, ik uint64) {
 		s.set(ik, hid, uint32(tier))
-		s.mu.Unlock()
-	}
+	})
 	return nil
 }
 
@@ -384,19 +374,12 @@ func (m *MemoryIndex) Record(_ context.Context, model string, ep EndpointID, key
 	}
 	now := m.now().UnixNano()
 	exp := now + int64(ttl)
-	for _, k := range keys {
-		ik := uint64(k) ^ mix
-		s := m.shardOf(ik)
-		s.mu.Lock()
-		s.sweep(now)
+	m.eachShard(keys, mix, func(s *memShard) { s.sweep(now) }, func(s *memShard, ik uint64) {
 		s.set(ik, hid, bitSpec)
-		sk := specKey{ik: ik, hid: hid}
-		if s.spec[sk] < exp {
-			s.spec[sk] = exp
+		if s.spec.raise(ik, hid, exp) {
 			s.specQ = append(s.specQ, specItem{ik: ik, hid: hid, expires: exp})
 		}
-		s.mu.Unlock()
-	}
+	})
 	return nil
 }
 
@@ -412,15 +395,11 @@ func (m *MemoryIndex) Remove(_ context.Context, model string, ep EndpointID, tie
 	if !ok || hid == 0 {
 		return nil
 	}
-	for _, k := range keys {
-		ik := uint64(k) ^ mix
-		s := m.shardOf(ik)
-		s.mu.Lock()
+	m.eachShard(keys, mix, nil, func(s *memShard, ik uint64) {
 		if p := s.find(ik); p >= 0 {
 			s.clearBits(p, hid, uint32(tier))
 		}
-		s.mu.Unlock()
-	}
+	})
 	return nil
 }
 
@@ -437,13 +416,13 @@ func (m *MemoryIndex) ClearEndpoint(_ context.Context, model string, ep Endpoint
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		if rl := s.rev[hid]; rl != nil {
+		if rl := s.revOf(hid); rl != nil {
 			for _, ik := range rl.keys {
 				if p := s.find(ik); p >= 0 {
 					s.clearBits(p, hid, bitMask)
 				}
 			}
-			delete(s.rev, hid)
+			s.rev[hid] = nil
 		}
 		s.mu.Unlock()
 	}
@@ -464,20 +443,20 @@ func (m *MemoryIndex) ClearConfirmed(_ context.Context, model string, ep Endpoin
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		if rl := s.rev[hid]; rl != nil {
+		if rl := s.revOf(hid); rl != nil {
 			for _, ik := range rl.keys {
 				p := s.find(ik)
 				if p < 0 {
 					continue
 				}
 				b := bitGPU | bitCPU
-				if s.spec[specKey{ik: ik, hid: hid}] <= now {
+				if s.spec.get(ik, hid) <= now {
 					b = bitMask // no live speculative hold: drop the holder entirely
 				}
 				s.clearBits(p, hid, b)
 			}
 			if rl.live <= 0 {
-				delete(s.rev, hid)
+				s.rev[hid] = nil
 			} else {
 				s.compact(hid, rl) // keep only the keys still held speculatively
 			}
@@ -485,6 +464,52 @@ func (m *MemoryIndex) ClearConfirmed(_ context.Context, model string, ep Endpoin
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// eachShard calls f(s, ik) for the internal key of every key, shard by shard, with each shard that holds
+// any of them write-locked once (pre(s) first, if not nil), instead of one lock per key. A key's calls keep
+// their order (equal keys are in one shard); keys in different shards are independent.
+func (m *MemoryIndex) eachShard(keys []BlockKey, mix uint64, pre func(s *memShard), f func(s *memShard, ik uint64)) {
+	if len(keys) == 1 || len(m.shards) > 256 {
+		for _, k := range keys {
+			ik := uint64(k) ^ mix
+			s := m.shardOf(ik)
+			s.mu.Lock()
+			if pre != nil {
+				pre(s)
+			}
+			f(s, ik)
+			s.mu.Unlock()
+		}
+		return
+	}
+	var stack [256]uint8
+	idx := stack[:0]
+	if len(keys) > len(stack) {
+		idx = make([]uint8, 0, len(keys))
+	}
+	var present [4]uint64 // bit set per shard that has keys
+	for _, k := range keys {
+		si := ((uint64(k) ^ mix) >> 40) & m.mask
+		idx = append(idx, uint8(si))
+		present[si>>6] |= 1 << (si & 63)
+	}
+	for si := range m.shards {
+		if present[si>>6]&(1<<(si&63)) == 0 {
+			continue
+		}
+		s := &m.shards[si]
+		s.mu.Lock()
+		if pre != nil {
+			pre(s)
+		}
+		for i, k := range keys {
+			if int(idx[i]) == si {
+				f(s, uint64(k)^mix)
+			}
+		}
+		s.mu.Unlock()
+	}
 }
 
 var prefetchSink atomic.Uint64
@@ -527,10 +552,7 @@ func (s *memShard) setHolderAt(sl *memSlot, j int, h uint32) {
 // set ORs bits into hid's holder of internal key ik, creating the entry and the holder as needed. Caller
 // holds the write lock.
 func (s *memShard) set(ik uint64, hid uint16, b uint32) {
-	p := s.find(ik)
-	if p < 0 {
-		p = s.insert(ik)
-	}
+	p := s.findOrInsert(ik)
 	sl := &s.table[p]
 	n := int(sl.n)
 	for j := range n {
@@ -561,7 +583,7 @@ func (s *memShard) clearBits(p int, hid uint16, b uint32) {
 			continue
 		}
 		if h&b&bitSpec != 0 {
-			delete(s.spec, specKey{ik: sl.key, hid: hid})
+			s.spec.del(sl.key, hid)
 		}
 		h &^= b
 		if h&bitMask != 0 {
@@ -578,7 +600,7 @@ func (s *memShard) clearBits(p int, hid uint16, b uint32) {
 			}
 		}
 		sl.n--
-		if rl := s.rev[hid]; rl != nil {
+		if rl := s.revOf(hid); rl != nil {
 			rl.live--
 		}
 		if sl.n == 0 {
@@ -586,6 +608,31 @@ func (s *memShard) clearBits(p int, hid uint16, b uint32) {
 		}
 		return
 	}
+}
+
+// findOrInsert returns the position of ik, inserting a new, holder-less entry (as insert) when there is
+// none: one probe when no eviction or growth is due. The caller must give a new entry a holder.
+func (s *memShard) findOrInsert(ik uint64) int {
+	p := ik & s.mask
+	for ; s.table[p].n != 0; p = (p + 1) & s.mask {
+		if s.table[p].key == ik {
+			return int(p)
+		}
+	}
+	if s.count >= s.limit || (s.count+1)*4 > len(s.table)*3 {
+		return s.insert(ik) // evicting or growing moves entries: probe again
+	}
+	s.table[p] = memSlot{key: ik}
+	s.count++
+	return int(p)
+}
+
+// revOf returns hid's reverse list in the shard, or nil.
+func (s *memShard) revOf(hid uint16) *revList {
+	if int(hid) < len(s.rev) {
+		return s.rev[hid]
+	}
+	return nil
 }
 
 // insert places a new, holder-less entry for ik (evicting one entry first when the shard is at its limit,
@@ -671,11 +718,11 @@ func (s *memShard) evictOne() {
 		for j := range int(sl.n) {
 			h := s.holderAt(sl, j)
 			hid := uint16(h >> 8)
-			if rl := s.rev[hid]; rl != nil {
+			if rl := s.revOf(hid); rl != nil {
 				rl.live--
 			}
 			if h&bitSpec != 0 {
-				delete(s.spec, specKey{ik: sl.key, hid: hid})
+				s.spec.del(sl.key, hid)
 			}
 		}
 		delete(s.over, sl.key)
@@ -688,6 +735,9 @@ func (s *memShard) evictOne() {
 
 // revAdd notes that hid now holds ik, compacting hid's reverse list when stale entries dominate.
 func (s *memShard) revAdd(hid uint16, ik uint64) {
+	if int(hid) >= len(s.rev) {
+		s.rev = append(s.rev, make([]*revList, int(hid)+1-len(s.rev))...)
+	}
 	rl := s.rev[hid]
 	if rl == nil {
 		rl = &revList{}
@@ -731,8 +781,7 @@ func (s *memShard) sweep(now int64) {
 	i := 0
 	for ; i < len(s.specQ) && s.specQ[i].expires <= now; i++ {
 		it := s.specQ[i]
-		exp, ok := s.spec[specKey{ik: it.ik, hid: it.hid}]
-		if !ok || exp > now {
+		if exp := s.spec.get(it.ik, it.hid); exp == 0 || exp > now {
 			continue
 		}
 		if p := s.find(it.ik); p >= 0 {
