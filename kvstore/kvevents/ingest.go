@@ -126,12 +126,6 @@ var ErrConfig = errors.New("kvevents: invalid ingester config")
 // endSeq is the replay end marker (-1 as 8 bytes).
 const endSeq = math.MaxUint64
 
-// hashEntry maps one engine hash to kvgate's block key, with the number of live announcements per tier.
-type hashEntry struct {
-	key  kvstore.BlockKey
-	refs [3]int32 // by kvstore.Tier (1 GPU, 2 CPU)
-}
-
 // pendingOp is one queued Add (remove false) or Remove of keys on tier; consecutive events of the same
 // kind and tier share one.
 type pendingOp struct {
@@ -147,7 +141,7 @@ type Ingester struct {
 	log *slog.Logger
 
 	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
-	hashes      map[EngineHash]hashEntry
+	hashes      hashTable
 	keyBuf      []kvstore.BlockKey
 	batcher     kvstore.Batcher    // cfg.Index as a Batcher, or nil
 	ops         []pendingOp        // the current batch's index updates, in order
@@ -205,7 +199,6 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		cfg:     cfg,
 		batcher: batcher,
 		log:     log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
-		hashes:  make(map[EngineHash]hashEntry),
 		grave:   make([]EngineHash, 0, cfg.RemovedMemory),
 		stats:   Stats{Endpoint: cfg.Endpoint},
 	}, nil
@@ -455,8 +448,8 @@ func (in *Ingester) bury(h EngineHash) {
 		return
 	}
 	old := in.grave[in.gravePos]
-	if he, ok := in.hashes[old]; ok && he.refs[kvstore.TierGPU] == 0 && he.refs[kvstore.TierCPU] == 0 {
-		delete(in.hashes, old)
+	if he := in.hashes.get(old); he != nil && !he.held() {
+		in.hashes.del(old)
 	}
 	in.grave[in.gravePos] = h
 	in.gravePos = (in.gravePos + 1) % cap(in.grave)
@@ -464,7 +457,7 @@ func (in *Ingester) bury(h EngineHash) {
 
 // forgetAll drops the whole engine-hash map.
 func (in *Ingester) forgetAll() {
-	clear(in.hashes)
+	in.hashes.reset()
 	in.grave = in.grave[:0]
 	in.gravePos = 0
 }
@@ -526,7 +519,7 @@ func (in *Ingester) commit(ctx context.Context) {
 			s.LastBatchAt = a.at
 		}
 		a.c.addTo(s)
-		s.MappedHashes = len(in.hashes)
+		s.MappedHashes = in.hashes.len()
 	})
 }
 
@@ -591,8 +584,8 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 		}
 		in.beginOp(tier, true)
 		for _, h := range e.BlockHashes {
-			he, ok := in.hashes[h]
-			if !ok || he.refs[tier] == 0 {
+			he := in.hashes.get(h)
+			if he == nil || he.refs[tier] == 0 {
 				c.unknownRemoved++
 				continue
 			}
@@ -600,9 +593,8 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			if he.refs[tier] == 0 {
 				in.opKeys = append(in.opKeys, he.key)
 			}
-			in.hashes[h] = he
-			if he.refs[kvstore.TierGPU] == 0 && he.refs[kvstore.TierCPU] == 0 {
-				in.bury(h)
+			if !he.held() {
+				in.bury(h) // may delete another entry: he is not used after this
 			}
 		}
 	case AllBlocksCleared:
@@ -629,13 +621,12 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 	if len(e.TokenIDs) == 0 {
 		// Placeholder (vLLM CPU offload without self-describing events): resolve through the map.
 		for _, h := range e.BlockHashes {
-			he, ok := in.hashes[h]
-			if !ok {
+			he := in.hashes.get(h)
+			if he == nil {
 				c.unresolved++
 				continue
 			}
 			he.refs[tier]++
-			in.hashes[h] = he
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
 				in.opKeys = append(in.opKeys, he.key)
@@ -660,8 +651,8 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			extra.CacheSalt = cacheSalt(e, extra.LoRA)
 			keys = in.cfg.Hasher.AppendKeys(keys, e.TokenIDs, e.BlockSize, extra)
 		} else {
-			parent, ok := in.hashes[*e.ParentBlockHash]
-			if !ok {
+			parent := in.hashes.get(*e.ParentBlockHash)
+			if parent == nil {
 				c.orphans++
 				return
 			}
@@ -669,14 +660,13 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 		}
 		in.keyBuf = keys
 		for i, h := range e.BlockHashes {
-			he, ok := in.hashes[h]
-			if !ok {
+			he, added := in.hashes.put(h)
+			if added {
 				he.key = keys[i]
 			} else if he.key != keys[i] {
 				c.conflicts++
 			}
 			he.refs[tier]++
-			in.hashes[h] = he
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
 				in.opKeys = append(in.opKeys, he.key)

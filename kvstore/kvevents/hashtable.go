@@ -1,0 +1,141 @@
+package kvevents
+
+import (
+	"math/bits"
+
+	"github.com/kvgate/kvgate/kvstore"
+)
+
+// hashEntry maps one engine hash to kvgate's block key, with the number of live announcements per tier.
+type hashEntry struct {
+	key  kvstore.BlockKey
+	refs [3]int32 // by kvstore.Tier (1 GPU, 2 CPU); refs[0] marks a used slot in hashTable
+}
+
+// held reports whether some tier still holds the hash.
+func (he *hashEntry) held() bool {
+	return he.refs[kvstore.TierGPU] != 0 || he.refs[kvstore.TierCPU] != 0
+}
+
+// hashTable is the Ingester's engine hash → hashEntry map: linear probing on a multiplicative hash of the
+// engine hash (engine hashes may be small or sequential integers), backward-shift deletion. Compared with
+// a Go map it needs one probe where the map needed a lookup and then an assignment, and entries are
+// updated in place through the returned pointer (RATIONALE.md, "Follow-up O5"). Pointers are valid until
+// the next put or del.
+type hashTable struct {
+	slots []hashSlot
+	shift uint8 // 64 - log2(len(slots))
+	count int
+}
+
+type hashSlot struct {
+	h EngineHash
+	e hashEntry
+}
+
+const usedMark = 1 // hashEntry.refs[0] of an occupied slot
+
+func (t *hashTable) home(h EngineHash) uint64 {
+	return (uint64(h) * 0x9e3779b97f4a7c15) >> t.shift
+}
+
+// len returns the number of entries.
+func (t *hashTable) len() int { return t.count }
+
+// get returns h's entry, or nil.
+func (t *hashTable) get(h EngineHash) *hashEntry {
+	if t.count == 0 {
+		return nil
+	}
+	mask := uint64(len(t.slots) - 1)
+	for p := t.home(h); ; p = (p + 1) & mask {
+		sl := &t.slots[p]
+		if sl.e.refs[0] == 0 {
+			return nil
+		}
+		if sl.h == h {
+			return &sl.e
+		}
+	}
+}
+
+// put returns h's entry, adding a zero one (no key, no refs) when there is none; added reports that.
+func (t *hashTable) put(h EngineHash) (e *hashEntry, added bool) {
+	if (t.count+1)*4 > len(t.slots)*3 {
+		t.grow()
+	}
+	mask := uint64(len(t.slots) - 1)
+	p := t.home(h)
+	for ; t.slots[p].e.refs[0] != 0; p = (p + 1) & mask {
+		if t.slots[p].h == h {
+			return &t.slots[p].e, false
+		}
+	}
+	t.slots[p] = hashSlot{h: h, e: hashEntry{refs: [3]int32{usedMark}}}
+	t.count++
+	return &t.slots[p].e, true
+}
+
+func (t *hashTable) grow() {
+	old := t.slots
+	n := max(64, 2*len(old))
+	t.slots = make([]hashSlot, n)
+	t.shift = uint8(64 - bits.Len(uint(n-1)))
+	mask := uint64(n - 1)
+	for i := range old {
+		if old[i].e.refs[0] == 0 {
+			continue
+		}
+		p := t.home(old[i].h)
+		for t.slots[p].e.refs[0] != 0 {
+			p = (p + 1) & mask
+		}
+		t.slots[p] = old[i]
+	}
+}
+
+// del removes h if present, shifting later entries of its probe run back (no tombstones).
+func (t *hashTable) del(h EngineHash) {
+	if t.count == 0 {
+		return
+	}
+	mask := uint64(len(t.slots) - 1)
+	i := t.home(h)
+	for ; ; i = (i + 1) & mask {
+		if t.slots[i].e.refs[0] == 0 {
+			return
+		}
+		if t.slots[i].h == h {
+			break
+		}
+	}
+	for {
+		t.slots[i] = hashSlot{}
+		j := i
+		for {
+			j = (j + 1) & mask
+			if t.slots[j].e.refs[0] == 0 {
+				t.count--
+				return
+			}
+			home := t.home(t.slots[j].h)
+			// The entry at j may move to i unless its home lies cyclically in (i, j].
+			if i <= j {
+				if i < home && home <= j {
+					continue
+				}
+			} else if i < home || home <= j {
+				continue
+			}
+			break
+		}
+		t.slots[i] = t.slots[j]
+		i = j
+	}
+}
+
+// reset removes every entry, keeping the allocated table.
+func (t *hashTable) reset() {
+	clear(t.slots)
+	t.count = 0
+}
