@@ -166,6 +166,8 @@ type Host struct {
 
 	logLast       atomic.Int64 // unix nanos of the last fallback log record
 	logSuppressed atomic.Uint64
+
+	rewarms sync.WaitGroup // Rollback's background re-warms in flight (tests wait for them)
 }
 
 type version struct {
@@ -429,24 +431,27 @@ func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 	st.active.Store(next)
 	h.swaps.Add(1)
 	cur.retire()
-	// Re-warm the one before, off the request path, so a second rollback is also instant.
-	if n := len(st.older); n > 0 {
+	// Re-warm the one before, off the request path, so a second rollback is also instant. Only when the
+	// model is left on an activation (from the built-in default Rollback goes nowhere), and only while that
+	// activation is still the model's: otherwise the warm pool would be unreachable and pin its version.
+	if n := len(st.older); n > 0 && next != nil {
 		saved := st.older[n-1]
 		st.older = st.older[:n-1]
 		if !saved.ver.disabled.Load() {
-			go func() {
+			h.rewarms.Go(func() {
 				a, err := h.newActivation(context.Background(), model, saved.ver, saved.config)
 				if err != nil {
 					return
 				}
 				h.mu.Lock()
 				defer h.mu.Unlock()
-				if st.prev == nil && !h.closed.Load() && !saved.ver.unloaded.Load() && !saved.ver.disabled.Load() {
+				if st.prev == nil && st.active.Load() == next && !h.closed.Load() && !saved.ver.unloaded.Load() &&
+					!saved.ver.disabled.Load() {
 					st.prev = a
 				} else {
 					a.retire()
 				}
-			}()
+			})
 		}
 	}
 	to := string(h.builtinVer)

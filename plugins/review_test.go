@@ -1,0 +1,97 @@
+package plugins
+
+import (
+	"errors"
+	"testing"
+)
+
+// settled waits for Rollback's background re-warms and returns st.prev.
+func settled(h *Host, st *modelState) *activation {
+	h.rewarms.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return st.prev
+}
+
+// TestRollbackToDefaultKeepsNothingWarm: a rollback that returns a model to the built-in default (its
+// previous activation was disabled) must not re-warm an older version as the model's "previous"
+// activation. Before the fix the background re-warm installed it anyway: a pool of instances that no
+// Rollback could reach (Rollback from the default is refused) and that made Unload of the version fail
+// with ErrVersionInUse until two more activations pushed it out.
+func TestRollbackToDefaultKeepsNothingWarm(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2})
+	wasm := readWasm(t, "good")
+	var vs [3]Version
+	for i, name := range []string{"a", "b", "c"} {
+		v, _, err := h.Load(name, wasm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs[i] = v
+		if err := h.Activate("m", v, nil); err != nil { // m: c active, b previous, a in the history
+			t.Fatal(err)
+		}
+	}
+	a, b := h.versions[vs[0]], h.versions[vs[1]]
+	h.disable(b, "test") // the previous activation goes: nothing warm to roll back to
+	if err := h.Rollback("m"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := h.Active("m"); v != h.BuiltinVersion() {
+		t.Fatalf("active %s, want the built-in", v)
+	}
+	st := (*h.models.Load())["m"]
+	if prev := settled(h, st); prev != nil {
+		t.Fatalf("the model serves the built-in default, yet %s was re-warmed as its previous activation", prev.ver.v)
+	}
+	if err := h.Rollback("m"); !errors.Is(err, ErrNoPrevious) {
+		t.Fatalf("rollback from the default: %v", err)
+	}
+	if n := a.live.Load(); n != 0 {
+		t.Fatalf("%s: %d activations left, want 0", a.v, n)
+	}
+	if err := h.Unload(vs[0]); err != nil {
+		t.Fatalf("unload of a version no model uses: %v", err)
+	}
+}
+
+// TestRewarmAfterSecondRollback: two rollbacks in a row (the second one before the first one's background
+// re-warm is done) leave the model on the built-in default with nothing warm and every older version
+// unloadable. Before the fix the first re-warm installed its pool as the previous activation of a model
+// that no longer served the activation it was warmed for.
+func TestRewarmAfterSecondRollback(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
+	wasm := readWasm(t, "good")
+	var vs [3]Version
+	for i, name := range []string{"a", "b", "c"} {
+		v, _, err := h.Load(name, wasm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs[i] = v
+		if err := h.Activate("m", v, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Rollback("m"); err != nil { // c -> b; a is re-warmed in the background
+		t.Fatal(err)
+	}
+	if err := h.Rollback("m"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := h.Active("m"); v != h.BuiltinVersion() {
+		t.Skipf("the re-warm of a finished before the second rollback (active %s)", v)
+	}
+	st := (*h.models.Load())["m"]
+	if prev := settled(h, st); prev != nil {
+		t.Fatalf("the model serves the built-in default, yet %s was re-warmed as its previous activation", prev.ver.v)
+	}
+	for _, v := range vs {
+		if n := h.versions[v].live.Load(); n != 0 {
+			t.Errorf("%s: %d activations left, want 0", v, n)
+		}
+		if err := h.Unload(v); err != nil {
+			t.Errorf("unload %s: %v", v, err)
+		}
+	}
+}
