@@ -1,8 +1,13 @@
 package plugins
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"sync"
 	"testing"
+	"time"
 )
 
 // settled waits for Rollback's background re-warms and returns st.prev.
@@ -93,5 +98,111 @@ func TestRewarmAfterSecondRollback(t *testing.T) {
 		if err := h.Unload(v); err != nil {
 			t.Errorf("unload %s: %v", v, err)
 		}
+	}
+}
+
+// TestLifecycleStress: callers rank (including calls that trap, so instances are replaced in the
+// background) while another goroutine activates, rolls back, unloads and reloads versions of two models.
+// Afterwards every version's live count equals the activations that still reference it (active or kept
+// warm): no retired activation is left holding a version (which would keep its compiled code forever),
+// and no count went negative.
+func TestLifecycleStress(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2, CallTimeout: time.Second})
+	good, bomb := readWasm(t, "good"), readWasm(t, "bomb")
+	models := []string{"m1", "m2"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := 0; c < 4; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				seq := uint64(7)
+				if i%5 == 0 {
+					seq = 1003 // bomb traps; good answers
+				}
+				got, info := h.Rank(context.Background(), models[i%2], bombSnapshot(seq))
+				if len(got) != 3 {
+					t.Errorf("ranking %v %+v", got, info)
+					return
+				}
+				if info.Fallback && info.Reason != ReasonTrap {
+					t.Errorf("fallback %+v", info)
+					return
+				}
+			}
+		}()
+	}
+	names := []string{"a", "b", "c"}
+	seen := map[*version]bool{} // every version object, unloaded ones included
+	for i := 0; i < 60; i++ {
+		name := names[i%3]
+		wasm := good
+		if i%2 == 1 {
+			wasm = bomb
+		}
+		v, _, err := h.Load(name, wasm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		seen[h.versions[v]] = true
+		h.mu.Unlock()
+		model := models[i%2]
+		if err := h.Activate(model, v, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i%4 == 3 {
+			_ = h.Rollback(model)
+			_ = h.Rollback(model)
+		}
+		for _, vi := range h.Versions() {
+			if !vi.Builtin && len(vi.ActiveFor) == 0 {
+				_ = h.Unload(vi.Version) // refused when kept warm for a rollback
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	h.rewarms.Wait()
+	// Count, per version, the activations still referenced; wait for background replacements to drain.
+	var bad string
+	for end := time.Now().Add(5 * time.Second); ; {
+		want := map[*version]int64{}
+		h.mu.Lock()
+		all := maps.Clone(seen)
+		for _, ver := range h.versions {
+			all[ver] = true
+		}
+		for _, st := range *h.models.Load() {
+			for _, a := range []*activation{st.active.Load(), st.prev} {
+				if a != nil {
+					want[a.ver]++
+					all[a.ver] = true
+				}
+			}
+		}
+		h.mu.Unlock()
+		bad = ""
+		for ver := range all {
+			if ver.builtin {
+				continue
+			}
+			if n := ver.live.Load(); n != want[ver] {
+				bad += fmt.Sprintf("%s: live %d, referenced %d; ", ver.v, n, want[ver])
+			}
+		}
+		if bad == "" || time.Now().After(end) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if bad != "" {
+		t.Fatal(bad)
 	}
 }
