@@ -214,6 +214,9 @@ type modelState struct {
 	prev   *activation                // kept warm for Rollback and timeout deactivation; guarded by Host.mu
 	older  []savedActivation          // earlier (version, config) pairs, rebuilt on demand; guarded by Host.mu
 	floor  bool                       // Rollback never returns to the built-in default (SetRollbackFloor); guarded by Host.mu
+	// warming is closed when the background re-warm of the previous activation ends (nil: none under
+	// way); Rollback waits for it instead of skipping the history. Guarded by Host.mu.
+	warming chan struct{}
 }
 
 type savedActivation struct {
@@ -389,11 +392,19 @@ func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 
 // Rollback makes model's previous activation active again (the current one is closed once drained).
 // With no previous activation the model goes back to the built-in default, unless SetRollbackFloor was
-// called for it; with none active at all, or at the floor, it returns ErrNoPrevious.
+// called for it; with none active at all, or at the floor, it returns ErrNoPrevious. The activation before
+// the previous one is rebuilt in the background so the next Rollback is instant too; a Rollback issued
+// while that rebuild runs waits for it (a pool's instantiation, milliseconds) rather than skip it.
 func (h *Host) Rollback(model string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := (*h.models.Load())[model]
+	for st != nil && st.prev == nil && st.warming != nil { // the previous activation is being rebuilt
+		w := st.warming
+		h.mu.Unlock()
+		<-w
+		h.mu.Lock()
+	}
 	if st == nil || st.active.Load() == nil || (st.floor && st.prev == nil) {
 		return fmt.Errorf("plugins: rollback %s: %w", model, ErrNoPrevious)
 	}
@@ -438,13 +449,19 @@ func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 		saved := st.older[n-1]
 		st.older = st.older[:n-1]
 		if !saved.ver.disabled.Load() {
+			done := make(chan struct{})
+			st.warming = done
 			h.rewarms.Go(func() {
 				a, err := h.newActivation(context.Background(), model, saved.ver, saved.config)
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				if st.warming == done {
+					st.warming = nil
+				}
+				close(done)
 				if err != nil {
 					return
 				}
-				h.mu.Lock()
-				defer h.mu.Unlock()
 				if st.prev == nil && st.active.Load() == next && !h.closed.Load() && !saved.ver.unloaded.Load() &&
 					!saved.ver.disabled.Load() {
 					st.prev = a

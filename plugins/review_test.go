@@ -60,44 +60,67 @@ func TestRollbackToDefaultKeepsNothingWarm(t *testing.T) {
 	}
 }
 
-// TestRewarmAfterSecondRollback: two rollbacks in a row (the second one before the first one's background
-// re-warm is done) leave the model on the built-in default with nothing warm and every older version
-// unloadable. Before the fix the first re-warm installed its pool as the previous activation of a model
-// that no longer served the activation it was warmed for.
-func TestRewarmAfterSecondRollback(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
-	wasm := readWasm(t, "good")
-	var vs [3]Version
-	for i, name := range []string{"a", "b", "c"} {
-		v, _, err := h.Load(name, wasm)
-		if err != nil {
-			t.Fatal(err)
-		}
-		vs[i] = v
-		if err := h.Activate("m", v, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := h.Rollback("m"); err != nil { // c -> b; a is re-warmed in the background
-		t.Fatal(err)
-	}
-	if err := h.Rollback("m"); err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := h.Active("m"); v != h.BuiltinVersion() {
-		t.Skipf("the re-warm of a finished before the second rollback (active %s)", v)
-	}
-	st := (*h.models.Load())["m"]
-	if prev := settled(h, st); prev != nil {
-		t.Fatalf("the model serves the built-in default, yet %s was re-warmed as its previous activation", prev.ver.v)
-	}
-	for _, v := range vs {
-		if n := h.versions[v].live.Load(); n != 0 {
-			t.Errorf("%s: %d activations left, want 0", v, n)
-		}
-		if err := h.Unload(v); err != nil {
-			t.Errorf("unload %s: %v", v, err)
-		}
+// TestSecondRollbackWaitsForRewarm: two rollbacks in a row, the second one issued while the first one's
+// background re-warm of the older version is still running, land on that older version (the history), with
+// and without a rollback floor. Before the fix the second rollback found no warm previous activation and
+// sent the model to the built-in default with no config (or, at a floor, was refused with ErrNoPrevious),
+// and the re-warm then installed its pool as the previous activation of a model serving the default (an
+// unreachable pool that pinned its version against Unload).
+func TestSecondRollbackWaitsForRewarm(t *testing.T) {
+	for _, floor := range []bool{false, true} {
+		t.Run(fmt.Sprintf("floor=%v", floor), func(t *testing.T) {
+			h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
+			wasm := readWasm(t, "good")
+			var vs [3]Version
+			for i, name := range []string{"a", "b", "c"} {
+				v, _, err := h.Load(name, wasm)
+				if err != nil {
+					t.Fatal(err)
+				}
+				vs[i] = v
+				if err := h.Activate("m", v, []byte(name)); err != nil {
+					t.Fatal(err)
+				}
+				if i == 0 && floor {
+					if err := h.SetRollbackFloor("m"); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := h.Rollback("m"); err != nil { // c -> b; a is re-warmed in the background
+				t.Fatal(err)
+			}
+			if err := h.Rollback("m"); err != nil { // b -> a, at once
+				t.Fatalf("second rollback: %v", err)
+			}
+			if v, cfg := h.Active("m"); v != vs[0] || string(cfg) != "a" {
+				t.Fatalf("after two rollbacks: %s %q, want %s", v, cfg, vs[0])
+			}
+			st := (*h.models.Load())["m"]
+			if prev := settled(h, st); prev != nil {
+				t.Fatalf("%s kept warm behind the oldest activation", prev.ver.v)
+			}
+			for i, v := range vs {
+				want := int64(0)
+				if i == 0 {
+					want = 1 // active
+				}
+				if n := h.versions[v].live.Load(); n != want {
+					t.Errorf("%s: %d activations left, want %d", v, n, want)
+				}
+			}
+			if err := h.Unload(vs[1]); err != nil {
+				t.Errorf("unload b: %v", err)
+			}
+			if err := h.Unload(vs[2]); err != nil {
+				t.Errorf("unload c: %v", err)
+			}
+			err := h.Rollback("m")
+			if v, _ := h.Active("m"); floor && (!errors.Is(err, ErrNoPrevious) || v != vs[0]) ||
+				!floor && (err != nil || v != h.BuiltinVersion()) {
+				t.Errorf("third rollback: %v, active %s", err, v)
+			}
+		})
 	}
 }
 
