@@ -143,6 +143,7 @@ type Ingester struct {
 	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
 	hashes      hashTable
 	keyBuf      []kvstore.BlockKey
+	arena       arena              // decode scratch, reused batch after batch
 	batcher     kvstore.Batcher    // cfg.Index as a Batcher, or nil
 	ops         []pendingOp        // the current batch's index updates, in order
 	opKeys      []kvstore.BlockKey // their keys, back to back (op i spans ops[i].start up to ops[i+1].start)
@@ -482,7 +483,7 @@ func (in *Ingester) clear(ctx context.Context, resync bool) {
 func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
 	in.seqHave, in.seqLast = true, seq
 	in.acc.any = true
-	b, err := Decode(payload)
+	b, err := decodeInto(payload, &in.arena) // the batch is not kept past this call
 	if err != nil {
 		in.acc.decodeErrors++
 		in.log.WarnContext(ctx, "kv events batch undecodable", slog.Uint64("seq", seq), slog.Any("err", err))
