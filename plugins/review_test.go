@@ -229,3 +229,102 @@ func TestLifecycleStress(t *testing.T) {
 		t.Fatal(bad)
 	}
 }
+
+// TestDisableStress: like TestLifecycleStress, but callers also send runaway requests (bomb's for {}), so
+// versions are disabled and models rolled back from the request path while versions are activated,
+// rolled back and unloaded; afterwards every version's live count equals the activations referencing it.
+func TestDisableStress(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2, CallTimeout: 20 * time.Millisecond})
+	good, bomb := readWasm(t, "good"), readWasm(t, "bomb")
+	models := []string{"m1", "m2"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := 0; c < 3; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				seq := uint64(7)
+				switch i % 16 {
+				case 5:
+					seq = 1003 // trap
+				case 11:
+					seq = 1001 // for {}: a runaway, disables a bomb version
+				}
+				if got, info := h.Rank(context.Background(), models[i%2], bombSnapshot(seq)); len(got) != 3 {
+					t.Errorf("ranking %v %+v", got, info)
+					return
+				}
+			}
+		}()
+	}
+	seen := map[*version]bool{}
+	for i := 0; i < 40; i++ {
+		name, wasm := fmt.Sprintf("good%d", i%3), good
+		if i%2 == 1 {
+			name, wasm = fmt.Sprintf("bomb%d", i), bomb
+		}
+		v, _, err := h.Load(name, wasm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		if ver := h.versions[v]; ver != nil {
+			seen[ver] = true
+		}
+		h.mu.Unlock()
+		model := models[i%3%2]
+		if err := h.Activate(model, v, nil); err != nil && !errors.Is(err, ErrVersionDisabled) && !errors.Is(err, ErrUnknownVersion) {
+			t.Fatal(err)
+		}
+		if i%5 == 4 {
+			_ = h.Rollback(model)
+		}
+		for _, vi := range h.Versions() {
+			if !vi.Builtin && len(vi.ActiveFor) == 0 && i%3 == 0 {
+				_ = h.Unload(vi.Version)
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	h.rewarms.Wait()
+	var bad string
+	for end := time.Now().Add(5 * time.Second); ; {
+		want := map[*version]int64{}
+		h.mu.Lock()
+		all := maps.Clone(seen)
+		for _, st := range *h.models.Load() {
+			for _, a := range []*activation{st.active.Load(), st.prev} {
+				if a != nil {
+					want[a.ver]++
+					all[a.ver] = true
+					if a.ver.disabled.Load() {
+						bad += fmt.Sprintf("disabled %s still serves or is kept warm; ", a.ver.v)
+					}
+				}
+			}
+		}
+		h.mu.Unlock()
+		for ver := range all {
+			if n := ver.live.Load(); !ver.builtin && n != want[ver] {
+				bad += fmt.Sprintf("%s: live %d, referenced %d; ", ver.v, n, want[ver])
+			}
+		}
+		if bad == "" || time.Now().After(end) {
+			break
+		}
+		bad = ""
+		time.Sleep(10 * time.Millisecond)
+	}
+	if bad != "" {
+		t.Fatal(bad)
+	}
+	t.Logf("stats %+v", h.Stats())
+}
