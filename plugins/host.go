@@ -373,7 +373,10 @@ func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 	defer h.mu.Unlock()
 	if ver.unloaded.Load() || ver.disabled.Load() { // while the pool was built
 		a.retire()
-		return fmt.Errorf("plugins: activate %s for %s: %w", v, model, ErrUnknownVersion)
+		if ver.unloaded.Load() {
+			return fmt.Errorf("plugins: activate %s for %s: %w", v, model, ErrUnknownVersion)
+		}
+		return fmt.Errorf("plugins: activate %s for %s: %w", v, model, ErrVersionDisabled)
 	}
 	st := h.stateLocked(model)
 	old := st.active.Swap(a)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -327,4 +328,35 @@ func TestDisableStress(t *testing.T) {
 		t.Fatal(bad)
 	}
 	t.Logf("stats %+v", h.Stats())
+}
+
+// TestDisabledWhileActivating: a version disabled while Activate builds its pool (outside the lock) is
+// refused with ErrVersionDisabled, as documented, not ErrUnknownVersion (it is still loaded), and the pool
+// built for it is released.
+func TestDisabledWhileActivating(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
+	v, _, err := h.Load("uploaded-three-tier", BuiltinWasm) // a Go guest, metered: each instance takes ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	ver := h.versions[v]
+	errc := make(chan error, 1)
+	go func() { errc <- h.Activate("m", v, nil) }()
+	for ver.live.Load() == 0 { // the pool is being built
+		time.Sleep(50 * time.Microsecond)
+	}
+	h.disable(ver, "test")
+	err = <-errc
+	if !errors.Is(err, ErrVersionDisabled) {
+		t.Fatalf("activate: %v, want ErrVersionDisabled", err)
+	}
+	if got, _ := h.Active("m"); got != h.BuiltinVersion() {
+		t.Fatalf("active %s", got)
+	}
+	if n := ver.live.Load(); n != 0 {
+		t.Fatalf("live %d after the refused activation", n)
+	}
+	if vi := h.Versions(); !slices.ContainsFunc(vi, func(i VersionInfo) bool { return i.Version == v && i.Disabled }) {
+		t.Fatalf("versions %+v", vi)
+	}
 }
