@@ -360,3 +360,40 @@ func TestDisabledWhileActivating(t *testing.T) {
 		t.Fatalf("versions %+v", vi)
 	}
 }
+
+// TestUnloadWhileActivating: Unload of a version whose pool Activate is building succeeds (nothing uses it
+// yet), does not close its compiled code under the instances still being made (they would fail to
+// instantiate: ErrInitFailed), and Activate then refuses with ErrUnknownVersion and releases the pool.
+func TestUnloadWhileActivating(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
+	v, _, err := h.Load("uploaded-three-tier", BuiltinWasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ver := h.versions[v]
+	errc := make(chan error, 1)
+	go func() { errc <- h.Activate("m", v, nil) }()
+	for ver.live.Load() == 0 {
+		time.Sleep(50 * time.Microsecond)
+	}
+	if err := h.Unload(v); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, ErrUnknownVersion) {
+		t.Fatalf("activate: %v, want ErrUnknownVersion", err)
+	}
+	if n := ver.live.Load(); n != 0 {
+		t.Fatalf("live %d", n)
+	}
+	// Loading the same bytes again compiles afresh and serves.
+	v2, _, err := h.Load("uploaded-three-tier", BuiltinWasm)
+	if err != nil || v2 != v {
+		t.Fatal(v2, err)
+	}
+	if err := h.Activate("m", v2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, info := h.Rank(context.Background(), "m", bombSnapshot(7)); info.Fallback || len(got) != 3 {
+		t.Fatalf("%v %+v", got, info)
+	}
+}
