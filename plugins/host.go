@@ -449,7 +449,7 @@ func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 	// model is left on an activation (from the built-in default Rollback goes nowhere), and only while that
 	// activation is still the model's: otherwise the warm pool would be unreachable and pin its version.
 	if n := len(st.older); n > 0 && next != nil {
-		saved := st.older[n-1]
+		at, saved := n-1, st.older[n-1]
 		st.older = st.older[:n-1]
 		if !saved.ver.disabled.Load() {
 			done := make(chan struct{})
@@ -465,10 +465,14 @@ func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 				if err != nil {
 					return
 				}
-				if st.prev == nil && st.active.Load() == next && !h.closed.Load() && !saved.ver.unloaded.Load() &&
-					!saved.ver.disabled.Load() {
+				usable := !h.closed.Load() && !saved.ver.unloaded.Load() && !saved.ver.disabled.Load()
+				switch {
+				case usable && st.prev == nil && st.active.Load() == next:
 					st.prev = a
-				} else {
+				case usable: // the model moved on meanwhile (an Activate): saved stays history, where it was
+					a.retire()
+					st.older = slices.Insert(st.older, min(at, len(st.older)), saved)
+				default:
 					a.retire()
 				}
 			})

@@ -397,3 +397,52 @@ func TestUnloadWhileActivating(t *testing.T) {
 		t.Fatalf("%v %+v", got, info)
 	}
 }
+
+// TestActivateDuringRewarmKeepsHistory: an activation made while a rollback's background re-warm runs
+// pushes the re-warmed version back into the history instead of dropping it, so later rollbacks still
+// reach it (here: the rollback floor). Before the fix the re-warmed pool was retired and the version
+// forgotten: rollbacks stopped one short of the floor with ErrNoPrevious.
+func TestActivateDuringRewarmKeepsHistory(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
+	a, _, err := h.Load("uploaded-three-tier", BuiltinWasm) // slow to warm: a Go guest
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Activate("m", a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetRollbackFloor("m"); err != nil {
+		t.Fatal(err)
+	}
+	var vs []Version
+	for _, name := range []string{"b", "c", "d"} {
+		v, _, err := h.Load(name, readWasm(t, "good"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs = append(vs, v)
+	}
+	for _, v := range vs[:2] {
+		if err := h.Activate("m", v, nil); err != nil { // m: c active, b previous, a (floor) in the history
+			t.Fatal(err)
+		}
+	}
+	if err := h.Rollback("m"); err != nil { // c -> b; a re-warms in the background
+		t.Fatal(err)
+	}
+	if err := h.Activate("m", vs[2], nil); err != nil { // d, while a re-warms
+		t.Fatal(err)
+	}
+	settled(h, (*h.models.Load())["m"])
+	for i, want := range []Version{vs[0], a} {
+		if err := h.Rollback("m"); err != nil {
+			t.Fatalf("rollback %d: %v", i+1, err)
+		}
+		if v, _ := h.Active("m"); v != want {
+			t.Fatalf("rollback %d: active %s, want %s", i+1, v, want)
+		}
+	}
+	if err := h.Rollback("m"); !errors.Is(err, ErrNoPrevious) {
+		t.Fatalf("rollback past the floor: %v", err)
+	}
+}
