@@ -61,7 +61,8 @@ type reader struct {
 // into its neighbour.
 type arena struct {
 	tokens []uint32
-	hashes []EngineHash
+	hashes []EngineHash // block hashes and parent hashes
+	ints   []int        // optional ints (data_parallel_rank, group_idx, ...)
 	events []Event
 }
 
@@ -69,11 +70,12 @@ type arena struct {
 func (a *arena) reset() {
 	a.tokens = a.tokens[:0]
 	a.hashes = a.hashes[:0]
+	a.ints = a.ints[:0]
 	clear(a.events) // drop references to the previous batch's events
 	a.events = a.events[:0]
 }
 
-// take returns n zeroed-or-overwritten elements at the end of *buf (grown geometrically when full).
+// take returns n elements (to be overwritten) at the end of *buf (grown geometrically when full).
 func take[T any](buf *[]T, n int) []T {
 	b := *buf
 	if cap(b)-len(b) < n {
@@ -311,8 +313,16 @@ func (r *reader) optInt(where string) (*int, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &v, nil
+	if r.a != nil {
+		p := &take(&r.a.ints, 1)[0]
+		*p = v
+		return p, nil
+	}
+	return newInt(v), nil
 }
+
+// newInt returns a new *int holding v (kept out of optInt so that v does not escape on the arena path).
+func newInt(v int) *int { return &v }
 
 // hash reads a block hash: an int of any width and sign (cast to uint64) or a bin/str digest (last 8
 // bytes, big-endian; the digest is copied out).
@@ -798,7 +808,14 @@ func (r *reader) storedField(s *BlockStored, pos int) error {
 		if !r.tryNil() {
 			var h EngineHash
 			h, s.RawParentBlockHash, err = r.hash("BlockStored.parent_block_hash")
-			s.ParentBlockHash = &h
+			var p *EngineHash
+			if r.a != nil {
+				p = &take(&r.a.hashes, 1)[0]
+			} else {
+				p = new(EngineHash)
+			}
+			*p = h
+			s.ParentBlockHash = p
 		}
 	case 3:
 		s.TokenIDs, err = r.tokens("BlockStored.token_ids")
