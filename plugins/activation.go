@@ -321,12 +321,8 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 	}
 	dl := inst.dl.start(deadline)
 	out, reason, code, broken := inst.run(dl, s)
-	if broken {
-		a.replace(inst)
-		a.release(nil)
-	} else {
-		a.release(inst)
-	}
+	// Disable (which retires this activation) before replacing the instance, so a disabled version's
+	// instance is not rebuilt in the background only to be closed; inst is still ours, so dl is too.
 	switch reason {
 	case ReasonTimeout:
 		if dl.refills >= h.opts.RunawayRefills {
@@ -336,6 +332,12 @@ func (a *activation) call(ctx context.Context, s *Snapshot) (out []int, reason R
 		}
 	case ReasonNone:
 		a.misses.Store(0)
+	}
+	if broken {
+		a.replace(inst)
+		a.release(nil)
+	} else {
+		a.release(inst)
 	}
 	return out, reason, code, false
 }

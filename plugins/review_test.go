@@ -446,3 +446,39 @@ func TestActivateDuringRewarmKeepsHistory(t *testing.T) {
 		t.Fatalf("rollback past the floor: %v", err)
 	}
 }
+
+// TestDisabledVersionNotRebuilt: a missed deadline that disables its version (here the first miss, with
+// MaxConsecutiveMisses 1) does not rebuild the discarded instance in the background: the activation is
+// retired, so a new instance (a Go guest's runtime start, metered: many refills; up to InitTimeout for a
+// slow one) would only be closed again. Before the fix the instance was replaced before the version was
+// disabled, and the rebuild ran anyway.
+func TestDisabledVersionNotRebuilt(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2, CallTimeout: time.Nanosecond,
+		FuelInterval: 64, MaxConsecutiveMisses: 1})
+	v, _, err := h.Load("uploaded-three-tier", BuiltinWasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Activate("m", v, nil); err != nil {
+		t.Fatal(err)
+	}
+	ver := h.versions[v]
+	_, info := h.Rank(context.Background(), "m", bombSnapshot(7))
+	before := h.Stats().Refills
+	if info.Reason != ReasonTimeout || !ver.disabled.Load() {
+		t.Fatalf("%+v, disabled %v", info, ver.disabled.Load())
+	}
+	// The retired activation is released once nothing holds it; a rebuild would hold it until done.
+	for end := time.Now().Add(5 * time.Second); ver.live.Load() != 0; {
+		if time.Now().After(end) {
+			t.Fatalf("live %d", ver.live.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := h.Stats(); st.ReplacedInstance != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if after := h.Stats().Refills; after != before {
+		t.Fatalf("%d fuel refills after the version was disabled: its instance was rebuilt", after-before)
+	}
+}
