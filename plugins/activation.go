@@ -218,6 +218,10 @@ func (a *activation) replace(inst *instance) {
 	}
 	go func() {
 		n, err := a.h.newInstance(context.Background(), a.ver, a.config)
+		if err != nil && a.h.closed.Load() { // the runtime is gone: shutdown, not a broken policy
+			a.release(nil)
+			return
+		}
 		if err != nil {
 			a.h.log.LogAttrs(context.Background(), slog.LevelError, "policy instance replacement failed",
 				slog.String(attrPolicy, string(a.ver.v)), slog.String("error", err.Error()))

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -480,5 +482,39 @@ func TestDisabledVersionNotRebuilt(t *testing.T) {
 	}
 	if after := h.Stats().Refills; after != before {
 		t.Fatalf("%d fuel refills after the version was disabled: its instance was rebuilt", after-before)
+	}
+}
+
+// TestCloseDuringRebuild: an instance being rebuilt when the host closes fails to instantiate (the
+// runtime is gone); that is shutdown, not a broken policy: nothing is logged as an error and the version
+// is not disabled. Before the fix every such rebuild logged "policy instance replacement failed" and
+// disabled its version.
+func TestCloseDuringRebuild(t *testing.T) {
+	var buf syncBuffer
+	h := newTestHost(t, Options{Logger: slog.New(slog.NewTextHandler(&buf, nil)), PoolSize: 2,
+		CallTimeout: time.Nanosecond, FuelInterval: 64, MaxConsecutiveMisses: 1 << 20, RunawayRefills: 1 << 20})
+	v, _, err := h.Load("uploaded-three-tier", BuiltinWasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Activate("m", v, nil); err != nil {
+		t.Fatal(err)
+	}
+	ver := h.versions[v]
+	if _, info := h.Rank(context.Background(), "m", bombSnapshot(7)); info.Reason != ReasonTimeout {
+		t.Fatalf("%+v", info) // the instance is discarded and rebuilt in the background (a Go runtime start)
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); ver.live.Load() != 0; { // the rebuild holds the activation
+		if time.Now().After(end) {
+			t.Fatalf("live %d", ver.live.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if out := buf.String(); strings.Contains(out, "replacement failed") || strings.Contains(out, "policy disabled") ||
+		ver.disabled.Load() {
+		t.Fatalf("disabled %v, log:\n%s", ver.disabled.Load(), out)
 	}
 }
