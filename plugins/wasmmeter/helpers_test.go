@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/plugins/wasmmeter"
 	"github.com/kvgate/kvgate/sdk"
 	"github.com/tetratelabs/wazero"
@@ -163,35 +164,6 @@ func (p *policy) rank(ctx context.Context, s *sdk.Snapshot) ([]uint32, int32, er
 	return out, count, nil
 }
 
-// randomSnapshot returns a reproducible snapshot of n endpoints: prompts of 0–4096 tokens in blocks of
-// 16, GPU/CPU matches up to a shared prefix, loads 0–40, about one endpoint in eight unhealthy.
-func randomSnapshot(seed uint64, n int) sdk.Snapshot {
-	r := sdk.NewRand(seed)
-	tokens := uint32(r.Intn(4097))
-	if r.Intn(8) == 0 {
-		tokens = 0
-	}
-	blocks := tokens / 16
-	s := sdk.Snapshot{Request: sdk.Request{Seq: r.Uint64() >> 1, PromptTokens: tokens, PromptBlocks: blocks,
-		BlockSize: 16, ModelHash: r.Uint64(), Seed: r.Uint64()}}
-	s.Endpoints = make([]sdk.Endpoint, n)
-	shared := uint32(r.Intn(int(blocks) + 1))
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		e.Index = uint32(i)
-		if r.Intn(8) != 0 {
-			e.Flags = sdk.FlagHealthy
-		}
-		if blocks > 0 && r.Intn(3) == 0 {
-			m := uint32(r.Intn(int(shared) + 1))
-			e.GPUBlocks = uint32(r.Intn(int(m) + 1))
-			e.CPUBlocks = m - e.GPUBlocks
-		}
-		e.Waiting = uint32(r.Intn(41))
-		e.Running = uint32(r.Intn(64))
-		e.InFlightRequests = uint32(r.Intn(21))
-		e.InFlightTokens = uint64(e.InFlightRequests) * uint64(r.Intn(8192))
-		e.KVCacheUtilization = float32(r.Intn(1001)) / 1000
-	}
-	return s
-}
+// randomSnapshot is plugins.RandomSnapshot: prompts of 0–4096 tokens in blocks of 16, GPU/CPU matches up to
+// a shared prefix, loads 0–40, about one endpoint in eight unhealthy.
+func randomSnapshot(seed uint64, n int) sdk.Snapshot { return plugins.RandomSnapshot(seed, n) }
