@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,7 +112,23 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 
 	// Policies: the config's, then whatever the store says is active (shared by every gateway).
-	host, err := plugins.New(ctx, plugins.Options{Logger: log, CacheDir: o.PolicyCacheDir})
+	// A version the host disables (a runaway or failing policy) has been rolled back locally; storing that
+	// rollback makes every gateway on the store follow and frees the version for unloading.
+	var syncRef atomic.Pointer[policySync]
+	onDisable := func(v plugins.Version, models []string) {
+		ps := syncRef.Load()
+		if ps == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, m := range models {
+			if err := ps.PolicyRolledBack(ctx, m); err != nil {
+				log.Warn("could not store the rollback of a disabled policy", "model", m, "policy", string(v), "error", err.Error())
+			}
+		}
+	}
+	host, err := plugins.New(ctx, plugins.Options{Logger: log, CacheDir: o.PolicyCacheDir, OnDisable: onDisable})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: policy host: %w", err)
 	}
@@ -122,6 +139,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.host = host
 	ps := newPolicySync(g)
 	g.policySync = ps
+	syncRef.Store(ps)
 	for _, m := range cfg.Models {
 		if err := g.activateConfigPolicy(ctx, m); err != nil {
 			return nil, err

@@ -61,6 +61,11 @@ type Options struct {
 	// MaxConsecutiveMisses: this many missed deadlines in a row disable a version. Default 3. A single
 	// short miss (e.g. a goroutine starved of CPU) only costs that request the fallback.
 	MaxConsecutiveMisses int
+	// OnDisable, if set, is called on its own goroutine after a version was disabled (a runaway call, missed
+	// deadlines in a row, a failed instance rebuild) with the models it was active for, now rolled back to
+	// their previous activation (Active tells which). The gateway uses it to store the rollback, so every
+	// gateway sharing the store follows and the version can be unloaded.
+	OnDisable func(v Version, models []string)
 	// StderrLimitBytes is how much guest stdout+stderr is kept per instance. Default 4096.
 	StderrLimitBytes int
 	// LogBurstInterval: fallbacks are logged once, then at most once per interval with a count of those
@@ -507,7 +512,7 @@ func (h *Host) disable(ver *version, why string) {
 		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	var rolledBack []string
 	for model, st := range *h.models.Load() {
 		if st.prev != nil && st.prev.ver == ver {
 			st.prev.retire()
@@ -515,10 +520,16 @@ func (h *Host) disable(ver *version, why string) {
 		}
 		if cur := st.active.Load(); cur != nil && cur.ver == ver {
 			h.rollbackLocked(model, st, cur)
+			rolledBack = append(rolledBack, model)
 		}
 	}
+	h.mu.Unlock()
+	slices.Sort(rolledBack)
 	h.log.LogAttrs(context.Background(), slog.LevelWarn, "policy disabled",
-		slog.String(attrPolicy, string(ver.v)), slog.String("why", why))
+		slog.String(attrPolicy, string(ver.v)), slog.String("why", why), slog.Any("rolled_back", rolledBack))
+	if h.opts.OnDisable != nil && len(rolledBack) > 0 {
+		go h.opts.OnDisable(ver.v, rolledBack)
+	}
 }
 
 // Unload forgets version v: it is no longer listed nor activatable, and its compiled code is freed once

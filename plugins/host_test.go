@@ -255,7 +255,13 @@ func TestFallbacks(t *testing.T) {
 // the fallback (the instance is replaced); a call still computing at its deadline is a runaway, so its
 // version is disabled at once and the previous version serves the next request.
 func TestForLoopStopped(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 20 * time.Millisecond})
+	type disabled struct {
+		v      Version
+		models []string
+	}
+	onDisable := make(chan disabled, 1)
+	h := newTestHost(t, Options{Logger: quietLogger(), CallTimeout: 20 * time.Millisecond,
+		OnDisable: func(v Version, models []string) { onDisable <- disabled{v, models} }})
 	good, bomb := activateBomb(t, h, "m", "bomb-loop")
 	start := time.Now()
 	got, info := h.Rank(context.Background(), "m", bombSnapshot(1001))
@@ -268,6 +274,14 @@ func TestForLoopStopped(t *testing.T) {
 	}
 	if v, _ := h.Active("m"); v != good {
 		t.Fatalf("after a runaway call the active version is %s, want %s", v, good)
+	}
+	select {
+	case d := <-onDisable:
+		if d.v != bomb || !slices.Equal(d.models, []string{"m"}) {
+			t.Fatalf("OnDisable(%s, %v), want (%s, [m])", d.v, d.models, bomb)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnDisable was not called")
 	}
 	got, info = h.Rank(context.Background(), "m", bombSnapshot(7))
 	if info.Fallback || info.Version != good || !slices.Equal(got, []int{0, 1, 2}) {

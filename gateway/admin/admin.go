@@ -277,7 +277,16 @@ func (a *API) activate(c *fiber.Ctx) error {
 		cfg = []byte("{}")
 	}
 	if err := a.Host.Activate(req.Model, v, cfg); err != nil {
-		return fail(c, openai.BadRequest("config", "%v", err))
+		switch {
+		case errors.Is(err, plugins.ErrVersionDisabled):
+			return fail(c, openai.Errorf(409, "invalid_request_error", "version", "policy_disabled",
+				"%s was disabled after it missed its deadlines or failed; fix it and upload it under another name, or unload it.", v))
+		case errors.Is(err, plugins.ErrUnknownVersion):
+			return fail(c, openai.Errorf(404, "invalid_request_error", "version", "policy_not_found", "%v", err))
+		case errors.Is(err, plugins.ErrInitFailed):
+			return fail(c, openai.Errorf(400, "invalid_request_error", "config", "policy_init_failed", "%v", err))
+		}
+		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
 	}
 	if a.Sync != nil {
 		if err := a.Sync.PolicyActivated(c.UserContext(), req.Model, v, cfg); err != nil {

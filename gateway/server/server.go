@@ -38,7 +38,10 @@ import (
 // Response headers set on every proxied response.
 const (
 	HeaderEndpoint = "x-kvgate-endpoint" // the endpoint ID that served the request
-	HeaderPolicy   = "x-kvgate-policy"   // the policy version that ranked it, name@sha256 (12 hex)
+	HeaderPolicy   = "x-kvgate-policy"   // the policy version asked to rank it, name@sha256 (12 hex)
+	// HeaderFallback is set only when the native three-tier ranking answered instead of that policy: its
+	// value is the reason (the reason label of kvgate_policy_fallbacks_total, e.g. "timeout", "guest_error").
+	HeaderFallback = "x-kvgate-policy-fallback"
 )
 
 // Labels of kvgate_requests_total beyond the served models and real HTTP statuses.
@@ -433,6 +436,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		}
 		c.Set(HeaderEndpoint, epID)
 		c.Set(HeaderPolicy, route.ShortVersion(plan.Info.Policy))
+		if plan.Info.Fallback != "" {
+			c.Set(HeaderFallback, plan.Info.Fallback)
+		}
 		streaming := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 		if !streaming {
 			// Non-streaming: the watcher keeps polling the client while the engine generates.
