@@ -353,9 +353,8 @@ func (a *activation) miss() {
 	}
 }
 
-// call is one prepared guest call: the snapshot already encoded into the instance's buffer. Only the
-// goroutine running invoke touches it afterwards, so an abandoned call never reads the caller's
-// snapshot.
+// call is one prepared guest call: the snapshot already encoded into the instance's buffer, so invoke
+// never reads the caller's snapshot.
 type call struct {
 	size       int  // encoded bytes
 	n          int  // endpoints
