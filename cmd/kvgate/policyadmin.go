@@ -99,8 +99,12 @@ func uploadSummary(w io.Writer, r admin.UploadResponse) {
 		}
 		slowest = max(slowest, s.DurationSeconds)
 	}
-	fmt.Fprintf(w, "  validation: %d of %d sample snapshots answered correctly (slowest %.6f s)\n",
-		len(rep.Samples)-bad, len(rep.Samples), slowest)
+	if len(rep.Samples) == 0 {
+		fmt.Fprintf(w, "  validation: stopped before the sample snapshots (see the problems)\n")
+	} else {
+		fmt.Fprintf(w, "  validation: %d of %d sample snapshots answered correctly (slowest %.6f s)\n",
+			len(rep.Samples)-bad, len(rep.Samples), slowest)
+	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "  problem: %s\n", p)
 	}
