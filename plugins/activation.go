@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,6 +138,9 @@ func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*i
 		return fail(fmt.Errorf("%s: %w (%s)", sdk.ExportInit, err, out.String()))
 	}
 	if code := api.DecodeI32(inst.stack[0]); code != 0 {
+		if msg := strings.TrimSpace(out.String()); msg != "" {
+			return fail(fmt.Errorf("%s returned %d: %s", sdk.ExportInit, code, msg))
+		}
 		return fail(fmt.Errorf("%s returned %d", sdk.ExportInit, code))
 	}
 	return inst, nil

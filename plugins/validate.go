@@ -211,6 +211,9 @@ func (h *Host) validate(ctx context.Context, ver *version, wasm []byte) *Validat
 			}
 		case ReasonGuestError:
 			res.Problem = fmt.Sprintf("guest error code %d", code)
+			if out := strings.TrimSpace(inst.out.String()); out != "" {
+				res.Problem += " (output: " + out + ")"
+			}
 		case ReasonTimeout:
 			res.Problem = fmt.Sprintf("no answer within the %s deadline", h.opts.ValidationTimeout)
 			inst = nil // closed by sampleCall

@@ -39,3 +39,18 @@ func TestTrapReported(t *testing.T) {
 	}
 	inst.close()
 }
+
+// TestInitErrorCarriesGuestReason: an uploaded SDK module whose Init rejects the config fails Activate with
+// the SDK's reason (written to stderr by the guest), not only the error code.
+func TestInitErrorCarriesGuestReason(t *testing.T) {
+	h := newTestHost(t, Options{Logger: quietLogger()})
+	v, _, err := h.Load("three-tier-uploaded", BuiltinWasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Activate("m", v, []byte(`{"imbalance_treshold":4}`))
+	if !errors.Is(err, ErrInitFailed) || !strings.Contains(err.Error(), "kvgate_policy_init returned -3: kvgate policy: init rejected the config") ||
+		!strings.Contains(err.Error(), "imbalance_treshold") {
+		t.Fatalf("activate with a typo: %v", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"unsafe"
 )
@@ -121,14 +122,22 @@ func (g *guest) handleInit(config []byte) (code int32) {
 		return ErrCodeNotRegistered
 	}
 	defer func() {
-		if recover() != nil {
+		if r := recover(); r != nil {
+			report("init panicked", r)
 			code = ErrCodePanic
 		}
 	}()
 	if err := g.policy.Init(config); err != nil {
+		report("init rejected the config", err)
 		return ErrCodeConfig
 	}
 	return 0
+}
+
+// report writes why init or choose failed to stderr, which the host keeps (the first few KiB per instance)
+// and shows in validation reports and init errors.
+func report(what string, why any) {
+	fmt.Fprintf(os.Stderr, "kvgate policy: %s: %v\n", what, why)
 }
 
 // handleChoose decodes the snapshot in buf[:n], runs Choose and writes the ranking at buf[0:]. It returns
@@ -141,7 +150,8 @@ func (g *guest) handleChoose(buf []byte, n int) (code int32) {
 		return ErrCodeMalformed
 	}
 	defer func() {
-		if recover() != nil {
+		if r := recover(); r != nil {
+			report("choose panicked", r)
 			code = ErrCodePanic
 		}
 	}()
