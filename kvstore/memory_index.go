@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvgate/kvgate/kvstore/internal/probe"
 )
 
 // DefaultMaxKeys is the memory index's key bound when MemoryConfig.MaxKeys is 0 (about 1.6 GB at the
@@ -684,12 +686,7 @@ func (s *memShard) remove(p int) {
 				return
 			}
 			home := s.table[j].key & s.mask
-			// The entry at j may move to i unless its home lies cyclically in (i, j].
-			if i <= j {
-				if i < home && home <= j {
-					continue
-				}
-			} else if i < home || home <= j {
+			if probe.Stays(i, home, j) { // home lies cyclically in (i, j]: the entry cannot move to i
 				continue
 			}
 			break

@@ -1,5 +1,7 @@
 package kvstore
 
+import "github.com/kvgate/kvgate/kvstore/internal/probe"
+
 // specTable maps (internal key, holder ID) to a speculative hold's expiry (Unix ns): one shard's table,
 // guarded by the shard's lock. Linear probing with backward-shift deletion, so the constant insert and
 // delete churn of speculative holds (every Record inserts, every sweep deletes) leaves no tombstones. A Go
@@ -102,12 +104,7 @@ func (t *specTable) del(ik uint64, hid uint16) {
 				return
 			}
 			home := specHome(t.slots[j].ik, t.slots[j].hid, t.mask)
-			// The entry at j may move to i unless its home lies cyclically in (i, j].
-			if i <= j {
-				if i < home && home <= j {
-					continue
-				}
-			} else if i < home || home <= j {
+			if probe.Stays(i, home, j) { // home lies cyclically in (i, j]: the entry cannot move to i
 				continue
 			}
 			break

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 
 	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/internal/probe"
 )
 
 // hashEntry maps one engine hash to kvgate's block key, with the number of live announcements per tier.
@@ -119,12 +120,7 @@ func (t *hashTable) del(h EngineHash) {
 				return
 			}
 			home := t.home(t.slots[j].h)
-			// The entry at j may move to i unless its home lies cyclically in (i, j].
-			if i <= j {
-				if i < home && home <= j {
-					continue
-				}
-			} else if i < home || home <= j {
+			if probe.Stays(i, home, j) { // home lies cyclically in (i, j]: the entry cannot move to i
 				continue
 			}
 			break
