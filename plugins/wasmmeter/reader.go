@@ -1,5 +1,7 @@
 package wasmmeter
 
+import "slices"
+
 // reader decodes the non-code sections. b ends at the current section's (or subsection's) end, so reads
 // never cross it; the first error sticks and moves pos to the end so loops stop.
 type reader struct {
@@ -64,20 +66,21 @@ func (r *reader) name() []byte {
 }
 
 // valType reads a value type: i32, i64, f32, f64, v128, funcref or externref.
-func (r *reader) valType() {
+func (r *reader) valType() { r.typeByte("value type", 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f) }
+
+// typeByte reads one type byte that must be among allowed; a typed reference (function references
+// proposal) is ErrUnsupported, anything else malformed ("what %#x").
+func (r *reader) typeByte(what string, allowed ...byte) {
 	at := r.pos
-	switch t := r.byte(); t {
-	case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
-	case 0x63, 0x64:
-		if r.err == nil {
-			r.err = unsupported(at, "typed reference %#x (function references)", t)
-			r.pos = len(r.b)
-		}
+	t := r.byte()
+	switch {
+	case r.err != nil || slices.Contains(allowed, t):
+	case t == 0x63 || t == 0x64:
+		r.err = unsupported(at, "typed reference %#x (function references)", t)
+		r.pos = len(r.b)
 	default:
-		if r.err == nil {
-			r.pos = at
-			r.fail("value type %#x", t)
-		}
+		r.pos = at
+		r.fail(what+" %#x", t)
 	}
 }
 
@@ -117,22 +120,7 @@ func (r *reader) tableType() {
 }
 
 // refType reads a table's reference type: funcref or externref.
-func (r *reader) refType() {
-	at := r.pos
-	switch t := r.byte(); t {
-	case 0x70, 0x6f:
-	case 0x63, 0x64:
-		if r.err == nil {
-			r.err = unsupported(at, "typed reference %#x (function references)", t)
-			r.pos = len(r.b)
-		}
-	default:
-		if r.err == nil {
-			r.pos = at
-			r.fail("table reference type %#x", t)
-		}
-	}
-}
+func (r *reader) refType() { r.typeByte("table reference type", 0x70, 0x6f) }
 
 // posAfterIndex returns the position after the u32 LEB128 at at (already read successfully once).
 func (r *reader) posAfterIndex(at int) int {
