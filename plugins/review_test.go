@@ -136,34 +136,14 @@ func TestLifecycleStress(t *testing.T) {
 	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2, CallTimeout: time.Second})
 	good, bomb := readWasm(t, "good"), readWasm(t, "bomb")
 	models := []string{"m1", "m2"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := 0; c < 4; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				seq := uint64(7)
-				if i%5 == 0 {
-					seq = 1003 // bomb traps; good answers
-				}
-				got, info := h.Rank(context.Background(), models[i%2], bombSnapshot(seq))
-				if len(got) != 3 {
-					t.Errorf("ranking %v %+v", got, info)
-					return
-				}
-				if info.Fallback && info.Reason != ReasonTrap {
-					t.Errorf("fallback %+v", info)
-					return
-				}
-			}
-		}()
-	}
+	stop := rankUntilStopped(t, h, 4, models, func(i int) uint64 {
+		if i%5 == 0 {
+			return 1003 // bomb traps; good answers
+		}
+		return 7
+	}, func(got []int, info RankInfo) bool {
+		return len(got) == 3 && (!info.Fallback || info.Reason == ReasonTrap)
+	})
 	names := []string{"a", "b", "c"}
 	seen := map[*version]bool{} // every version object, unloaded ones included
 	for i := 0; i < 60; i++ {
@@ -193,44 +173,8 @@ func TestLifecycleStress(t *testing.T) {
 			}
 		}
 	}
-	close(stop)
-	wg.Wait()
-	h.rewarms.Wait()
-	// Count, per version, the activations still referenced; wait for background replacements to drain.
-	var bad string
-	for end := time.Now().Add(5 * time.Second); ; {
-		want := map[*version]int64{}
-		h.mu.Lock()
-		all := maps.Clone(seen)
-		for _, ver := range h.versions {
-			all[ver] = true
-		}
-		for _, st := range *h.models.Load() {
-			for _, a := range []*activation{st.active.Load(), st.prev} {
-				if a != nil {
-					want[a.ver]++
-					all[a.ver] = true
-				}
-			}
-		}
-		h.mu.Unlock()
-		bad = ""
-		for ver := range all {
-			if ver.builtin {
-				continue
-			}
-			if n := ver.live.Load(); n != want[ver] {
-				bad += fmt.Sprintf("%s: live %d, referenced %d; ", ver.v, n, want[ver])
-			}
-		}
-		if bad == "" || time.Now().After(end) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if bad != "" {
-		t.Fatal(bad)
-	}
+	stop()
+	checkLiveCounts(t, h, seen)
 }
 
 // TestDisableStress: like TestLifecycleStress, but callers also send runaway requests (bomb's for {}), so
@@ -240,32 +184,15 @@ func TestDisableStress(t *testing.T) {
 	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2, CallTimeout: 20 * time.Millisecond})
 	good, bomb := readWasm(t, "good"), readWasm(t, "bomb")
 	models := []string{"m1", "m2"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := 0; c < 3; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				seq := uint64(7)
-				switch i % 16 {
-				case 5:
-					seq = 1003 // trap
-				case 11:
-					seq = 1001 // for {}: a runaway, disables a bomb version
-				}
-				if got, info := h.Rank(context.Background(), models[i%2], bombSnapshot(seq)); len(got) != 3 {
-					t.Errorf("ranking %v %+v", got, info)
-					return
-				}
-			}
-		}()
-	}
+	stop := rankUntilStopped(t, h, 3, models, func(i int) uint64 {
+		switch i % 16 {
+		case 5:
+			return 1003 // trap
+		case 11:
+			return 1001 // for {}: a runaway, disables a bomb version
+		}
+		return 7
+	}, func(got []int, _ RankInfo) bool { return len(got) == 3 })
 	seen := map[*version]bool{}
 	for i := 0; i < 40; i++ {
 		name, wasm := fmt.Sprintf("good%d", i%3), good
@@ -295,40 +222,8 @@ func TestDisableStress(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
-	h.rewarms.Wait()
-	var bad string
-	for end := time.Now().Add(5 * time.Second); ; {
-		want := map[*version]int64{}
-		h.mu.Lock()
-		all := maps.Clone(seen)
-		for _, st := range *h.models.Load() {
-			for _, a := range []*activation{st.active.Load(), st.prev} {
-				if a != nil {
-					want[a.ver]++
-					all[a.ver] = true
-					if a.ver.disabled.Load() {
-						bad += fmt.Sprintf("disabled %s still serves or is kept warm; ", a.ver.v)
-					}
-				}
-			}
-		}
-		h.mu.Unlock()
-		for ver := range all {
-			if n := ver.live.Load(); !ver.builtin && n != want[ver] {
-				bad += fmt.Sprintf("%s: live %d, referenced %d; ", ver.v, n, want[ver])
-			}
-		}
-		if bad == "" || time.Now().After(end) {
-			break
-		}
-		bad = ""
-		time.Sleep(10 * time.Millisecond)
-	}
-	if bad != "" {
-		t.Fatal(bad)
-	}
+	stop()
+	checkLiveCounts(t, h, seen)
 	t.Logf("stats %+v", h.Stats())
 }
 
@@ -516,5 +411,71 @@ func TestCloseDuringRebuild(t *testing.T) {
 	if out := buf.String(); strings.Contains(out, "replacement failed") || strings.Contains(out, "policy disabled") ||
 		ver.disabled.Load() {
 		t.Fatalf("disabled %v, log:\n%s", ver.disabled.Load(), out)
+	}
+}
+
+// rankUntilStopped starts callers goroutines that rank bombSnapshot(seqFor(i)) for models[i%len(models)]
+// until the returned stop is called (which waits for them); a ranking ok rejects fails the test.
+func rankUntilStopped(t *testing.T, h *Host, callers int, models []string, seqFor func(i int) uint64,
+	ok func(got []int, info RankInfo) bool) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if got, info := h.Rank(context.Background(), models[i%len(models)], bombSnapshot(seqFor(i))); !ok(got, info) {
+					t.Errorf("ranking %v %+v", got, info)
+					return
+				}
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
+}
+
+// checkLiveCounts waits for re-warms and background replacements, then checks that every version (seen,
+// loaded, or referenced by a model) has a live count equal to the activations referencing it (active or
+// kept warm), and that no disabled version serves or is kept warm.
+func checkLiveCounts(t *testing.T, h *Host, seen map[*version]bool) {
+	t.Helper()
+	h.rewarms.Wait()
+	var bad string
+	for end := time.Now().Add(5 * time.Second); ; {
+		bad = ""
+		want := map[*version]int64{}
+		h.mu.Lock()
+		all := maps.Clone(seen)
+		for _, ver := range h.versions {
+			all[ver] = true
+		}
+		for _, st := range *h.models.Load() {
+			for _, a := range []*activation{st.active.Load(), st.prev} {
+				if a != nil {
+					want[a.ver]++
+					all[a.ver] = true
+					if a.ver.disabled.Load() {
+						bad += fmt.Sprintf("disabled %s still serves or is kept warm; ", a.ver.v)
+					}
+				}
+			}
+		}
+		h.mu.Unlock()
+		for ver := range all {
+			if n := ver.live.Load(); !ver.builtin && n != want[ver] {
+				bad += fmt.Sprintf("%s: live %d, referenced %d; ", ver.v, n, want[ver])
+			}
+		}
+		if bad == "" || time.Now().After(end) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if bad != "" {
+		t.Fatal(bad)
 	}
 }
