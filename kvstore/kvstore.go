@@ -84,6 +84,23 @@ type Index interface {
 	ClearConfirmed(ctx context.Context, model string, ep EndpointID) error
 }
 
+// Demoter is implemented by both index backends (an optional interface beside Index, like Batcher).
+type Demoter interface {
+	// Demote turns every confirmed entry of ep under model (both tiers) into an unconfirmed one: a
+	// speculative hold, counted by Match as GPU, that expires ttl from now (or later, when a live hold
+	// already lasts longer) unless Add confirms the block again; live speculative entries stay as they are.
+	// Ingestion calls it when it can no longer vouch for what an engine reported (an ingester taking over
+	// without the engine-hash map, lost events its replay cannot cover) but has no evidence that the engine
+	// dropped the blocks: they keep their score until they age out. Cost proportional to ep's confirmed
+	// entries. ttl must be positive (ErrInvalidArgument).
+	Demote(ctx context.Context, model string, ep EndpointID, ttl time.Duration) error
+}
+
+var (
+	_ Demoter = (*MemoryIndex)(nil)
+	_ Demoter = (*RedisIndex)(nil)
+)
+
 // Limits cap one endpoint's in-flight work; they come from config and travel with each Reserve call.
 // Zero means unlimited.
 type Limits struct {

@@ -3,6 +3,7 @@ package kvstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"strings"
@@ -75,6 +76,7 @@ type memShard struct {
 	rev   []*revList          // by holder ID; nil = none
 	spec  specTable           // speculative expiry (Unix ns) per (internal key, holder)
 	specQ []specItem          // FIFO of speculative writes, swept lazily under the write lock
+	longQ []specItem          // a second FIFO, so short and long TTLs (Demote) each stay in expiry order
 	_     [64]byte            // keep shards' hot fields on separate cache lines
 }
 
@@ -347,7 +349,7 @@ func (m *MemoryIndex) Add(_ context.Context, model string, ep EndpointID, tier T
 	}
 	var now int64
 	m.eachShard(keys, mix, func(s *memShard) {
-		if len(s.specQ) > 0 {
+		if len(s.specQ)+len(s.longQ) > 0 {
 			if now == 0 {
 				now = m.now().UnixNano()
 			}
@@ -379,10 +381,75 @@ func (m *MemoryIndex) Record(_ context.Context, model string, ep EndpointID, key
 	m.eachShard(keys, mix, func(s *memShard) { s.sweep(now) }, func(s *memShard, ik uint64) {
 		s.set(ik, hid, bitSpec)
 		if s.spec.raise(ik, hid, exp) {
-			s.specQ = append(s.specQ, specItem{ik: ik, hid: hid, expires: exp})
+			s.queue(specItem{ik: ik, hid: hid, expires: exp})
 		}
 	})
 	return nil
+}
+
+// Demote implements Demoter. Like ClearConfirmed it visits only the keys on ep's reverse lists.
+func (m *MemoryIndex) Demote(_ context.Context, model string, ep EndpointID, ttl time.Duration) error {
+	if err := checkNames("demote", model, ep); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("kvstore: demote: ttl %v: %w", ttl, ErrInvalidArgument)
+	}
+	_, hid, ok := m.lookup(model, ep)
+	if !ok || hid == 0 {
+		return nil
+	}
+	now := m.now().UnixNano()
+	exp := now + int64(ttl)
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		s.sweep(now)
+		if rl := s.revOf(hid); rl != nil {
+			for _, ik := range rl.keys {
+				p := s.find(ik)
+				if p < 0 {
+					continue
+				}
+				sl := &s.table[p]
+				for j := range int(sl.n) {
+					h := s.holderAt(sl, j)
+					if uint16(h>>8) != hid {
+						continue
+					}
+					if h&(bitGPU|bitCPU) != 0 {
+						s.setHolderAt(sl, j, h&^(bitGPU|bitCPU)|bitSpec)
+						if s.spec.raise(ik, hid, exp) {
+							s.queue(specItem{ik: ik, hid: hid, expires: exp})
+						}
+					}
+					break
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// queue appends it to one of the shard's two FIFOs, keeping each in expiry order when it can (best fit: the
+// queue whose last item expires latest but no later than it), so that short Record TTLs and long Demote
+// TTLs interleave without a long hold at a queue's front delaying the sweep of later short ones. Caller
+// holds the write lock.
+func (s *memShard) queue(it specItem) {
+	last := func(q []specItem) int64 {
+		if len(q) == 0 {
+			return math.MinInt64
+		}
+		return q[len(q)-1].expires
+	}
+	ls, ll := last(s.specQ), last(s.longQ)
+	// Best fit: the queue with the later last item that still expires no later than it.
+	if ll <= it.expires && (ls > it.expires || ll > ls) {
+		s.longQ = append(s.longQ, it)
+		return
+	}
+	s.specQ = append(s.specQ, it) // fits, or out of order in both (swept late; Match checks the expiry)
 }
 
 // Remove implements Index.
@@ -775,9 +842,14 @@ func (s *memShard) compact(hid uint16, rl *revList) {
 // sweep expires speculative holds whose deadline has passed (front of the FIFO only; a long TTL at the
 // front delays later ones, which Match still treats as expired). Caller holds the write lock.
 func (s *memShard) sweep(now int64) {
+	s.specQ = s.sweepQueue(s.specQ, now)
+	s.longQ = s.sweepQueue(s.longQ, now)
+}
+
+func (s *memShard) sweepQueue(q []specItem, now int64) []specItem {
 	i := 0
-	for ; i < len(s.specQ) && s.specQ[i].expires <= now; i++ {
-		it := s.specQ[i]
+	for ; i < len(q) && q[i].expires <= now; i++ {
+		it := q[i]
 		if exp := s.spec.get(it.ik, it.hid); exp == 0 || exp > now {
 			continue
 		}
@@ -786,9 +858,10 @@ func (s *memShard) sweep(now int64) {
 		}
 	}
 	if i > 0 {
-		s.specQ = s.specQ[i:]
-		if len(s.specQ) == 0 {
-			s.specQ = nil
+		q = q[i:]
+		if len(q) == 0 {
+			q = nil
 		}
 	}
+	return q
 }

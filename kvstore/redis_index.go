@@ -52,6 +52,8 @@ var (
 	luaIndexClear string
 	//go:embed scripts/index_clear_confirmed.lua
 	luaIndexClearConfirmed string
+	//go:embed scripts/index_demote.lua
+	luaIndexDemote string
 
 	scriptIndexMatch  = redis.NewScript(luaIndexLib + luaIndexMatch)
 	scriptIndexAdd    = redis.NewScript(luaIndexLib + luaIndexAdd)
@@ -60,6 +62,7 @@ var (
 	scriptIndexClear  = redis.NewScript(luaIndexLib + luaIndexClear)
 
 	scriptIndexClearConfirmed = redis.NewScript(luaIndexLib + luaIndexClearConfirmed)
+	scriptIndexDemote         = redis.NewScript(luaIndexLib + luaIndexDemote)
 )
 
 // RedisIndex is the Redis Index. Every call is one Lua script (one round trip), and all keys of one model
@@ -351,6 +354,25 @@ func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep Endpoi
 	err := scriptIndexClearConfirmed.Run(ctx, r.c, []string{mp + "e:" + string(ep)}, string(ep), mp+"b:").Err()
 	if err != nil {
 		return fmt.Errorf("kvstore: redis clear confirmed: %w", err)
+	}
+	return nil
+}
+
+// Demote implements Demoter (one EVALSHA, visiting only the blocks on ep's reverse set). TTLs are rounded up
+// to whole milliseconds; expiry is on the Redis server's clock, like Record's.
+func (r *RedisIndex) Demote(ctx context.Context, model string, ep EndpointID, ttl time.Duration) error {
+	if err := checkNames("demote", model, ep); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("kvstore: demote: ttl %v: %w", ttl, ErrInvalidArgument)
+	}
+	ms := (ttl + time.Millisecond - 1) / time.Millisecond
+	mp := r.modelPrefix(model)
+	err := scriptIndexDemote.Run(ctx, r.c, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, string(ep),
+		strconv.FormatInt(int64(ms), 10), mp+"b:").Err()
+	if err != nil {
+		return fmt.Errorf("kvstore: redis demote: %w", err)
 	}
 	return nil
 }

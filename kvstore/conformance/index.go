@@ -206,6 +206,40 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		must(t, idx.Add(ctx, "m", "d", gpu, k[:8]))
 		expectMatch(t, idx, "m", k[:8], em("a", 0, 4), em("b", 2, 0), em("c", 3, 0), em("d", 8, 0))
 	})
+	t.Run("Demote", func(t *testing.T) {
+		idx := newIndex(t)
+		d, ok := idx.(kvstore.Demoter)
+		if !ok {
+			t.Skip("index is not a kvstore.Demoter")
+		}
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:6]))
+		must(t, idx.Add(ctx, "m", "a", cpu, k[6:8]))
+		must(t, idx.Record(ctx, "m", "a", k[8:10], 30*time.Second)) // a live speculative hold stays as it is
+		must(t, idx.Add(ctx, "m", "b", gpu, k[:3]))                 // another endpoint is untouched
+		must(t, d.Demote(ctx, "m", "a", 400*time.Millisecond))
+		// Unconfirmed holds count as GPU, like speculative ones.
+		expectMatch(t, idx, "m", k[:12], em("a", 10, 0), em("b", 3, 0))
+		// An Add confirms a block again; Demote of nothing confirmed, of an unknown endpoint or model, is a no-op.
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:2]))
+		must(t, d.Demote(ctx, "m", "zz", time.Second))
+		must(t, d.Demote(ctx, "other", "a", time.Second))
+		if err := d.Demote(ctx, "m", "a", 0); !errors.Is(err, kvstore.ErrInvalidArgument) {
+			t.Fatalf("Demote ttl 0: %v", err)
+		}
+		time.Sleep(650 * time.Millisecond)
+		// The unconfirmed ones aged out; the re-confirmed blocks and the longer speculative hold did not.
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 3, 0))
+		expectMatch(t, idx, "m", k[8:12], em("a", 2, 0))
+		// ClearEndpoint still finds everything; ClearConfirmed after Demote keeps the unconfirmed holds.
+		must(t, idx.Add(ctx, "m", "c", gpu, k[:4]))
+		must(t, d.Demote(ctx, "m", "c", time.Minute))
+		must(t, idx.ClearConfirmed(ctx, "m", "c"))
+		expectMatch(t, idx, "m", k[:4], em("a", 2, 0), em("b", 3, 0), em("c", 4, 0))
+		must(t, idx.ClearEndpoint(ctx, "m", "c"))
+		must(t, idx.ClearEndpoint(ctx, "m", "a"))
+		expectMatch(t, idx, "m", k[:12], em("b", 3, 0))
+		expectMatch(t, idx, "m", k[8:12])
+	})
 	t.Run("SeveralModels", func(t *testing.T) {
 		idx := newIndex(t)
 		must(t, idx.Add(ctx, "m1", "a", gpu, k[:5]))
