@@ -36,6 +36,43 @@ type hashSlot struct {
 
 const usedMark = 1 // hashEntry.refs[0] of an occupied slot
 
+// unconfirmedMark is ORed into refs[0] of entries whose index entries were demoted (Ingester.demote): their
+// tier counts describe the index before the demotion, so the next BlockStored restarts them.
+const unconfirmedMark = 2
+
+// unconfirmed reports whether the entry was marked by markUnconfirmed since its last BlockStored.
+func (he *hashEntry) unconfirmed() bool { return he.refs[0]&unconfirmedMark != 0 }
+
+// confirm clears the unconfirmed mark and, if it was set, the tier counts.
+func (he *hashEntry) confirm() {
+	if he.unconfirmed() {
+		he.refs = [3]int32{usedMark}
+	}
+}
+
+// markUnconfirmed marks every entry unconfirmed.
+func (t *hashTable) markUnconfirmed() {
+	for i := range t.slots {
+		if t.slots[i].e.refs[0] != 0 {
+			t.slots[i].e.refs[0] |= unconfirmedMark
+		}
+	}
+}
+
+// dropUnconfirmed removes the entries still marked unconfirmed and returns how many.
+func (t *hashTable) dropUnconfirmed() int {
+	var hs []EngineHash
+	for i := range t.slots {
+		if t.slots[i].e.refs[0]&unconfirmedMark != 0 {
+			hs = append(hs, t.slots[i].h)
+		}
+	}
+	for _, h := range hs {
+		t.del(h)
+	}
+	return len(hs)
+}
+
 func (t *hashTable) home(h EngineHash) uint64 {
 	return (uint64(h) * 0x9e3779b97f4a7c15) >> t.shift
 }

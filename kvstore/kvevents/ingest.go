@@ -45,8 +45,24 @@ type IngesterConfig struct {
 	Logger *slog.Logger
 	// BackoffMin and BackoffMax bound the exponential reconnect backoff; 0 = 100 ms and 5 s.
 	BackoffMin, BackoffMax time.Duration
-	// ReplayTimeout bounds one replay exchange; 0 = 2 s.
+	// ReplayTimeout bounds one replay exchange, plus ReplayTimeoutPerBatch for every batch the replay is
+	// expected to bring (the backlog between the requested sequence number and the one that triggered it),
+	// at most 2 minutes in all; 0 = 2 s.
 	ReplayTimeout time.Duration
+	// ReplayTimeoutPerBatch is the replay time allowed per expected batch; 0 = 2 ms (a 10,000-batch
+	// catch-up, vLLM's default buffer, gets 22 s).
+	ReplayTimeoutPerBatch time.Duration
+	// UnconfirmedTTL is how long entries the Ingester can no longer vouch for stay in the index (demoted to
+	// unconfirmed holds, kvstore.Demoter) unless the engine's events confirm them again: those an earlier
+	// ingester wrote (a takeover, or this gateway restarted) when the engine's replay buffer does not reach
+	// back to seq 0, and those from before a sequence gap that replay could not cover. 0 = 5 minutes.
+	// With an index that is not a kvstore.Demoter, such entries are cleared instead.
+	UnconfirmedTTL time.Duration
+	// Instance, if set, returns the engine's instance identity (e.g. its process start time from its
+	// metrics); it is called after every (re)connect, before that connection's first message is applied.
+	// A value that differs from the last one seen (see Ingester.NoteInstance) means the engine restarted.
+	// An error or "" means unknown and changes nothing.
+	Instance func(ctx context.Context) (string, error)
 	// KVCacheGroup is the KV-cache group whose events are indexed (vLLM's group_idx, hybrid models: one group
 	// per attention type, each with its own block hashes for the same tokens). Events of other groups are
 	// counted in Stats.OtherGroupEvents and ignored; events without group_idx always apply. Default 0.
@@ -76,8 +92,21 @@ type Stats struct {
 	// CatchUps counts replays from seq 0 on connecting to a publisher already past seq 0 (with a replay
 	// address): the buffered history is applied before live messages.
 	CatchUps uint64
-	// Restarts counts sequence restarts (seq back to 0 or otherwise backwards: the engine restarted).
+	// Restarts counts engine restarts: seq back to 0 or otherwise backwards, or a new engine instance
+	// (IngesterConfig.Instance, NoteInstance).
 	Restarts uint64
+	// Demotions counts the times the endpoint's confirmed entries were demoted to unconfirmed ones
+	// (kvstore.Demoter): a first message whose history the replay buffer does not cover, or a gap the replay
+	// could not close.
+	Demotions uint64
+	// UnconfirmedUntil is when the last demotion's unconfirmed entries age out (zero: none pending).
+	UnconfirmedUntil time.Time
+	// BadTimestamps counts batches whose timestamp is not a finite time within 10 years of the receive
+	// time (Lag is not updated from them).
+	BadTimestamps uint64
+	// CorruptReplays counts undecodable batches fetched again through replay (RecoveredBatches of them
+	// then decoded).
+	CorruptReplays, RecoveredBatches uint64
 	// Clears counts Index.ClearConfirmed calls (the first message, AllBlocksCleared, restarts, unrepaired
 	// gaps).
 	Clears uint64
@@ -110,10 +139,12 @@ type Stats struct {
 	Lag time.Duration
 	// LastBatchAt is when the last batch was applied (IngesterConfig.Now); zero before the first.
 	LastBatchAt time.Time
-	// Resyncing is set when entries were dropped after an unrepaired gap; cleared by AllBlocksCleared or an
-	// engine restart (the picture is complete again).
+	// Resyncing is set while the endpoint's picture is known to be incomplete: after an unrepaired gap or a
+	// demotion, until UnconfirmedUntil (then every entry from before is confirmed again or gone); cleared by
+	// AllBlocksCleared or an engine restart (the picture is complete again).
 	Resyncing bool
-	// ConfigError is set (first occurrence) when the engine's events disagree with the configuration.
+	// ConfigError is set when the engine's events disagree with the configuration (the latest problem), and
+	// cleared by the next BlockStored that agrees with it.
 	ConfigError string
 	// MappedHashes is the number of engine hashes currently mapped to block keys (held ones plus up to
 	// IngesterConfig.RemovedMemory recently removed ones).
@@ -156,6 +187,11 @@ type Ingester struct {
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
 	dupHi       uint64
 	configNoted bool
+	instance    string    // the engine instance last seen ("" unknown)
+	unconfUntil time.Time // demoted entries may exist until then
+	replaying   bool      // inside replay (no nested replay for a corrupt batch)
+
+	instCh chan string // NoteInstance → the run goroutine
 
 	mu    sync.Mutex
 	stats Stats
@@ -185,6 +221,12 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = 2 * time.Second
 	}
+	if cfg.ReplayTimeoutPerBatch <= 0 {
+		cfg.ReplayTimeoutPerBatch = 2 * time.Millisecond
+	}
+	if cfg.UnconfirmedTTL <= 0 {
+		cfg.UnconfirmedTTL = 5 * time.Minute
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -202,6 +244,7 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		log:     log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
 		grave:   make([]EngineHash, 0, cfg.RemovedMemory),
 		stats:   Stats{Endpoint: cfg.Endpoint},
+		instCh:  make(chan string, 1),
 	}, nil
 }
 
@@ -235,7 +278,51 @@ func (in *Ingester) Stats() Stats {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	s := in.stats
+	if !s.UnconfirmedUntil.IsZero() && in.cfg.Now().Before(s.UnconfirmedUntil) {
+		s.Resyncing = true
+	}
 	return s
+}
+
+// NoteInstance tells a started Ingester the engine's instance identity as its health or metrics show it
+// (e.g. process_start_time_seconds). A value different from the last one seen means the engine restarted
+// with an empty cache: the endpoint's entries are dropped as soon as the Ingester's goroutine sees the note
+// (between two messages, or at once while disconnected), and the next message starts a new sequence. The
+// first value only sets the identity. Safe from any goroutine; never blocks (a newer note replaces one not
+// yet seen). "" is ignored.
+func (in *Ingester) NoteInstance(id string) {
+	if id == "" || in.instCh == nil {
+		return
+	}
+	for {
+		select {
+		case in.instCh <- id:
+			return
+		default:
+			select {
+			case <-in.instCh:
+			default:
+			}
+		}
+	}
+}
+
+// instanceSeen applies an instance identity on the run goroutine: a change is an engine restart.
+func (in *Ingester) instanceSeen(ctx context.Context, id string) {
+	if id == "" || id == in.instance {
+		return
+	}
+	old := in.instance
+	in.instance = id
+	if old == "" {
+		return
+	}
+	in.log.InfoContext(ctx, "kv events engine restarted (new instance)", slog.String("old", old), slog.String("new", id))
+	in.bump(func(s *Stats) { s.Restarts++ })
+	in.clear(ctx, false)
+	in.seqHave, in.seqLast = false, 0
+	in.dupLo, in.dupHi = 0, 0
+	in.bump(func(s *Stats) { s.HaveSeq, s.LastSeq = false, 0 })
 }
 
 func (in *Ingester) bump(f func(*Stats)) {
@@ -256,6 +343,8 @@ func (in *Ingester) run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):
+			case id := <-in.instCh:
+				in.instanceSeen(ctx, id)
 			}
 			backoff = min(2*backoff, in.cfg.BackoffMax)
 			continue
@@ -274,6 +363,14 @@ func (in *Ingester) run(ctx context.Context) {
 		})
 		first = false
 		in.log.InfoContext(ctx, "kv events connected", slog.String("addr", in.cfg.EventsAddr))
+		if in.cfg.Instance != nil {
+			ictx, cancel := context.WithTimeout(ctx, time.Second)
+			id, err := in.cfg.Instance(ictx)
+			cancel()
+			if err == nil {
+				in.instanceSeen(ctx, id)
+			}
+		}
 		if err := in.receive(ctx, sub.Recv); ctx.Err() == nil {
 			in.log.InfoContext(ctx, "kv events connection lost", slog.Any("err", err))
 		}
@@ -308,7 +405,18 @@ func (in *Ingester) receive(ctx context.Context, recv func() (zmq4.Msg, error)) 
 			}
 		}
 	}()
-	for msg := range msgs {
+	for {
+		var msg zmq4.Msg
+		var ok bool
+		select {
+		case msg, ok = <-msgs:
+		case id := <-in.instCh:
+			in.instanceSeen(ctx, id)
+			continue
+		}
+		if !ok {
+			break
+		}
 		in.message(ctx, msg.Frames)
 	more:
 		for n := 1; n < maxQueued; n++ {
@@ -347,17 +455,15 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 // uncommitted batches) until commit, so several received batches go to the index in one call.
 func (in *Ingester) handleQueued(ctx context.Context, seq uint64, payload []byte) {
 	have, last := in.seqHave, in.seqLast
-	if !have {
-		// This Ingester's first message. Whatever the index holds for the endpoint was written by an earlier
-		// ingester (another gateway before a lease takeover, or this one before a restart) whose engine-hash
-		// map is gone: its removals could never be resolved, so start from a clean endpoint.
-		in.clear(ctx, false)
-	}
 	switch {
 	case !have && seq > 0 && in.cfg.ReplayAddr != "":
-		// The first message from a publisher that has been running for a while: fetch its buffered history
-		// first, so blocks announced before we connected are known (and later children are not orphans).
-		in.replay(ctx, 0)
+		// This Ingester's first message, from a publisher that has been running for a while. Whatever the
+		// index holds for the endpoint was written by an earlier ingester (another gateway before a lease
+		// takeover, or this one before a restart) whose engine-hash map is gone. Fetch the publisher's
+		// buffered history: if it reaches back to seq 0 it is the whole truth (replay clears, then applies
+		// it); if not, the earlier entries are demoted to unconfirmed holds that age out unless the engine
+		// confirms them (RATIONALE.md), and the history is applied on top.
+		in.replay(ctx, 0, seq, true)
 		have, last = in.seqHave, in.seqLast
 		in.bump(func(s *Stats) { s.CatchUps++ })
 		switch {
@@ -365,14 +471,20 @@ func (in *Ingester) handleQueued(ctx context.Context, seq uint64, payload []byte
 			in.dupLo, in.dupHi = seq, last
 			return
 		case have && seq > last+1: // the buffer has a hole before seq
-			in.clear(ctx, true)
+			in.demote(ctx)
+		case !have: // the replay brought nothing
+			in.demote(ctx)
 		}
-	case !have || seq == last+1:
+	case !have && seq == 0:
+		in.clear(ctx, false) // a new engine process: nothing from before is held
+	case !have:
+		in.demote(ctx) // joined mid-stream without replay
+	case seq == last+1:
 	case seq > last+1:
 		in.bump(func(s *Stats) { s.Gaps++ })
 		in.log.WarnContext(ctx, "kv events sequence gap", slog.Uint64("expected", last+1), slog.Uint64("got", seq))
 		if in.cfg.ReplayAddr != "" {
-			in.replay(ctx, last+1)
+			in.replay(ctx, last+1, seq, false)
 			last = in.seqLast
 			if seq <= last {
 				in.dupLo, in.dupHi = seq, last
@@ -385,7 +497,10 @@ func (in *Ingester) handleQueued(ctx context.Context, seq uint64, payload []byte
 			}
 			in.bump(func(s *Stats) { s.ReplayFailures++ })
 		}
-		in.clear(ctx, true)
+		// Lost events: what the index holds may be stale, but most of it is still on the engine. Keep the
+		// engine-hash map (children of earlier blocks still resolve) and let the entries age out unless
+		// confirmed.
+		in.demote(ctx)
 	default: // seq <= last
 		if seq > in.dupLo && seq <= in.dupHi {
 			in.bump(func(s *Stats) { s.Duplicates++ })
@@ -396,18 +511,45 @@ func (in *Ingester) handleQueued(ctx context.Context, seq uint64, payload []byte
 		in.clear(ctx, false)
 		in.dupLo, in.dupHi = 0, 0
 	}
-	in.apply(ctx, seq, payload)
+	if in.apply(ctx, seq, payload) || in.cfg.ReplayAddr == "" || in.replaying {
+		return
+	}
+	// An undecodable batch: fetch it again (a corrupted copy is not the engine's buffer).
+	in.bump(func(s *Stats) { s.CorruptReplays++ })
+	in.seqHave, in.seqLast = have || seq > 0, seq-1
+	if !have && seq == 0 {
+		in.seqHave = false
+	}
+	in.replay(ctx, seq, seq, false)
+	if in.seqHave && in.seqLast >= seq {
+		in.bump(func(s *Stats) { s.RecoveredBatches++ })
+		in.dupLo, in.dupHi = seq, in.seqLast
+		return
+	}
+	// Its events are lost: as after a gap the replay could not close.
+	in.seqHave, in.seqLast = true, seq
+	in.demote(ctx)
 }
 
 // replay fetches batches from seq `from` on through the replay socket and applies those that continue the
-// sequence (the first one when no sequence number has been seen yet).
-func (in *Ingester) replay(ctx context.Context, from uint64) {
-	rctx, cancel := context.WithTimeout(ctx, in.cfg.ReplayTimeout)
+// sequence. upto is the sequence number that triggered it (the timeout grows with upto-from). With catchUp
+// (no sequence number seen yet), the first batch is applied whatever its number: before it the endpoint is
+// cleared when the buffer reaches back to seq 0, else demoted.
+func (in *Ingester) replay(ctx context.Context, from, upto uint64, catchUp bool) {
+	timeout := in.cfg.ReplayTimeout
+	if upto > from {
+		timeout += time.Duration(min(upto-from, 1<<20)) * in.cfg.ReplayTimeoutPerBatch
+	}
+	timeout = min(timeout, max(2*time.Minute, in.cfg.ReplayTimeout))
+	in.replaying = true
+	defer func() { in.replaying = false }()
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(in.cfg.ReplayTimeout))
 	defer d.Close()
 	fail := func(err error) {
-		in.log.WarnContext(ctx, "kv events replay failed", slog.String("addr", in.cfg.ReplayAddr), slog.Any("err", err))
+		in.log.WarnContext(ctx, "kv events replay failed", slog.String("addr", in.cfg.ReplayAddr), slog.Any("err", err),
+			slog.Duration("timeout", timeout))
 	}
 	if err := d.Dial(in.cfg.ReplayAddr); err != nil {
 		fail(err)
@@ -434,11 +576,19 @@ func (in *Ingester) replay(ctx context.Context, from uint64) {
 		if seq == endSeq {
 			return
 		}
-		if !in.seqHave || seq == in.seqLast+1 {
+		switch {
+		case catchUp && !in.seqHave:
+			if seq == 0 {
+				in.clear(ctx, false)
+			} else {
+				in.demote(ctx)
+			}
+			in.apply(ctx, seq, f[2])
+		case in.seqHave && seq == in.seqLast+1, !in.seqHave && seq == from:
 			in.apply(ctx, seq, f[2])
 		}
 		// Older batches are skipped; a batch beyond last+1 means the buffer no longer reaches back to the
-		// gap: the caller sees last < trigger-1 and clears.
+		// gap: the caller sees last < trigger-1 and demotes.
 	}
 }
 
@@ -463,14 +613,16 @@ func (in *Ingester) forgetAll() {
 	in.gravePos = 0
 }
 
-// clear drops the endpoint's confirmed entries and its hash map (speculative entries stay).
+// clear drops the endpoint's confirmed entries and its hash map (speculative entries stay) — and, while
+// demoted entries may still be live, every entry (ClearEndpoint): the engine says it holds nothing.
 func (in *Ingester) clear(ctx context.Context, resync bool) {
 	in.commit(ctx) // what came before the clear, in order (Stats included)
 	in.forgetAll()
-	err := in.cfg.Index.ClearConfirmed(ctx, in.cfg.Model, in.cfg.Endpoint)
+	err := in.clearIndex(ctx)
 	in.bump(func(s *Stats) {
 		s.Clears++
 		s.Resyncing = resync
+		s.UnconfirmedUntil = time.Time{}
 		s.MappedHashes = 0
 		if err != nil {
 			s.IndexErrors++
@@ -478,16 +630,58 @@ func (in *Ingester) clear(ctx context.Context, resync bool) {
 	})
 }
 
+// clearIndex drops the endpoint's entries from the index (see clear).
+func (in *Ingester) clearIndex(ctx context.Context) error {
+	if !in.unconfUntil.IsZero() && in.cfg.Now().Before(in.unconfUntil) {
+		in.unconfUntil = time.Time{}
+		return in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint)
+	}
+	in.unconfUntil = time.Time{}
+	return in.cfg.Index.ClearConfirmed(ctx, in.cfg.Model, in.cfg.Endpoint)
+}
+
+// demote turns the endpoint's confirmed entries into unconfirmed holds that age out after UnconfirmedTTL
+// unless the engine's events confirm them again (kvstore.Demoter; an index without it is cleared). The
+// engine-hash map stays: the engine's hashes are still valid, so children of known blocks still resolve
+// and a later BlockStored of a known hash confirms it again.
+func (in *Ingester) demote(ctx context.Context) {
+	d, ok := in.cfg.Index.(kvstore.Demoter)
+	if !ok {
+		in.clear(ctx, true)
+		return
+	}
+	in.commit(ctx)
+	// Every hash the map holds is confirmed again by its next BlockStored (its tier counts restart at 0);
+	// the keys stay so that children still resolve. Entries never confirmed again are forgotten once the
+	// demoted entries have aged out (commit).
+	in.hashes.markUnconfirmed()
+	err := d.Demote(ctx, in.cfg.Model, in.cfg.Endpoint, in.cfg.UnconfirmedTTL)
+	until := in.cfg.Now().Add(in.cfg.UnconfirmedTTL)
+	in.unconfUntil = until
+	in.bump(func(s *Stats) {
+		s.Demotions++
+		s.UnconfirmedUntil = until
+		if err != nil {
+			s.IndexErrors++
+		}
+	})
+}
+
+// maxLag bounds a believable batch timestamp: one further than this from the receive time (or not finite)
+// is counted in Stats.BadTimestamps and leaves Stats.Lag as it was. A clock years off is still reported as
+// lag (an operator should see it); inf or -1e300 are not times at all.
+const maxLag = 10 * 365 * 24 * time.Hour
+
 // apply decodes one batch, queues its index updates and counts it; seq becomes the last applied sequence
-// number. commit sends the updates and publishes the counts.
-func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
+// number. commit sends the updates and publishes the counts. It reports false when the batch did not decode.
+func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) bool {
 	in.seqHave, in.seqLast = true, seq
 	in.acc.any = true
 	b, err := decodeInto(payload, &in.arena) // the batch is not kept past this call
 	if err != nil {
 		in.acc.decodeErrors++
 		in.log.WarnContext(ctx, "kv events batch undecodable", slog.Uint64("seq", seq), slog.Any("err", err))
-		return
+		return false
 	}
 	for _, ev := range b.Events {
 		in.event(ctx, ev, &in.acc.c)
@@ -496,8 +690,15 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
 	in.acc.batches++
 	in.acc.events += uint64(len(b.Events))
 	in.acc.skipped += uint64(b.Skipped)
-	in.acc.lag = now.Sub(time.Unix(0, int64(b.TS*1e9)))
 	in.acc.at = now
+	// ts is float seconds; inf, NaN or -1e300 say nothing about lag.
+	if nowS := float64(now.UnixNano()) / 1e9; b.TS-b.TS == 0 && math.Abs(nowS-b.TS) <= maxLag.Seconds() {
+		in.acc.lag = time.Duration((nowS - b.TS) * 1e9)
+		in.acc.lagSet = true
+	} else {
+		in.acc.badTS++
+	}
+	return true
 }
 
 // commit sends the queued index updates (one Batcher.Apply) and then publishes the applied batches'
@@ -505,6 +706,11 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) {
 func (in *Ingester) commit(ctx context.Context) {
 	if !in.acc.any && len(in.ops) == 0 {
 		return
+	}
+	if !in.unconfUntil.IsZero() && !in.cfg.Now().Before(in.unconfUntil) {
+		// The demoted entries have aged out of the index: forget the hashes never confirmed since.
+		in.unconfUntil = time.Time{}
+		in.hashes.dropUnconfirmed()
 	}
 	in.flush(ctx, &in.acc.c)
 	a := in.acc
@@ -515,9 +721,15 @@ func (in *Ingester) commit(ctx context.Context) {
 		s.Batches += a.batches
 		s.Events += a.events
 		s.SkippedEvents += a.skipped
+		s.BadTimestamps += a.badTS
 		if a.batches > 0 {
-			s.Lag = a.lag
 			s.LastBatchAt = a.at
+		}
+		if a.lagSet {
+			s.Lag = a.lag
+		}
+		if a.configOK {
+			s.ConfigError = ""
 		}
 		a.c.addTo(s)
 		s.MappedHashes = in.hashes.len()
@@ -529,7 +741,10 @@ type pending struct {
 	c                                      applyCounts
 	any                                    bool
 	decodeErrors, batches, events, skipped uint64
+	badTS                                  uint64
 	lag                                    time.Duration
+	lagSet                                 bool
+	configOK                               bool // a BlockStored agreed with the configuration after a config error
 	at                                     time.Time
 }
 
@@ -554,6 +769,7 @@ func (c *applyCounts) addTo(s *Stats) {
 	s.Clears += c.clears
 	if c.cleared {
 		s.Resyncing = false
+		s.UnconfirmedUntil = time.Time{}
 	}
 }
 
@@ -590,6 +806,14 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 				c.unknownRemoved++
 				continue
 			}
+			if he.unconfirmed() {
+				// Demoted: the index holds it unconfirmed (it ages out); forget the hash.
+				he.refs[tier] = 0
+				if !he.held() {
+					in.bury(h)
+				}
+				continue
+			}
 			he.refs[tier]--
 			if he.refs[tier] == 0 {
 				in.opKeys = append(in.opKeys, he.key)
@@ -601,7 +825,7 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 	case AllBlocksCleared:
 		in.flush(ctx, c) // in order: what came before the clear reaches the index first (a rare event)
 		in.forgetAll()
-		if err := in.cfg.Index.ClearConfirmed(ctx, in.cfg.Model, in.cfg.Endpoint); err != nil {
+		if err := in.clearIndex(ctx); err != nil {
 			c.indexErrors++
 		}
 		c.clears++
@@ -627,6 +851,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 				c.unresolved++
 				continue
 			}
+			he.confirm()
 			he.refs[tier]++
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
@@ -638,6 +863,11 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			c.blockSizeErrors++
 			in.configError(ctx, fmt.Sprintf("engine block size %d, model %q configured with %d", e.BlockSize, in.cfg.Model, in.cfg.BlockSize))
 			return
+		}
+		if in.configNoted {
+			in.configNoted = false
+			in.acc.configOK = true
+			in.log.InfoContext(ctx, "kv events agree with configuration again")
 		}
 		if len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize {
 			c.badEvents++
@@ -667,6 +897,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			} else if he.key != keys[i] {
 				c.conflicts++
 			}
+			he.confirm()
 			he.refs[tier]++
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
@@ -759,12 +990,13 @@ func cacheSalt(e *BlockStored, lora string) string {
 	return ""
 }
 
-// configError reports a configuration mismatch once and flags the endpoint.
+// configError reports a configuration mismatch (logged once until events agree again) and flags the
+// endpoint with the latest problem.
 func (in *Ingester) configError(ctx context.Context, msg string) {
-	if in.configNoted {
-		return
+	in.acc.configOK = false
+	if !in.configNoted {
+		in.log.ErrorContext(ctx, "kv events disagree with configuration", slog.String("problem", msg))
 	}
 	in.configNoted = true
-	in.log.ErrorContext(ctx, "kv events disagree with configuration", slog.String("problem", msg))
 	in.bump(func(s *Stats) { s.ConfigError = msg })
 }

@@ -323,15 +323,19 @@ func TestIngestGapWithoutReplay(t *testing.T) {
 	p.lose(1, storeChild(t, toks, 1))
 	p.pub(2, storeChild(t, toks, 2))
 	s := waitStats(t, ing, "seq 2", seqIs(2))
-	if s.Gaps != 1 || s.Clears != 2 || !s.Resyncing || s.Orphans != 1 || s.Replays != 0 {
+	if s.Gaps != 1 || s.Clears != 1 || s.Demotions != 1 || !s.Resyncing || s.Orphans != 1 || s.Replays != 0 {
 		t.Fatalf("stats %+v", s)
 	}
-	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
-		t.Fatalf("entries survived the gap: %d", g)
+	// Block 0 is kept, unconfirmed (it ages out unless confirmed); its lost child is an orphan's parent.
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 1 {
+		t.Fatalf("after the gap %d blocks, want block 0 kept unconfirmed", g)
 	}
 	p.pub(3, mustEncode(t, batch(AllBlocksCleared{}), LayoutV011, HashUint))
 	if s := waitStats(t, ing, "seq 3", seqIs(3)); s.Resyncing {
 		t.Fatalf("still resyncing after AllBlocksCleared: %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("unconfirmed entries survived AllBlocksCleared: %d", g)
 	}
 }
 
@@ -359,16 +363,16 @@ func TestIngestGapWithReplay(t *testing.T) {
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 4 {
 		t.Fatalf("after seq 3 %d GPU blocks, want 4", g)
 	}
-	// The replay buffer no longer reaches back: replay fails over to clearing.
+	// The replay buffer no longer reaches back: the entries from before the gap become unconfirmed.
 	p.lose(4, storeChild(t, toks, 4))
 	p.do("clearbuf")
 	p.pub(5, storeChild(t, toks, 5))
 	s = waitStats(t, ing, "seq 5", seqIs(5))
-	if s.Gaps != 2 || s.ReplayFailures != 1 || s.Clears != 2 || !s.Resyncing {
+	if s.Gaps != 2 || s.ReplayFailures != 1 || s.Clears != 1 || s.Demotions != 1 || !s.Resyncing || s.Orphans != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
-		t.Fatalf("entries survived an unrepaired gap: %d", g)
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 4 {
+		t.Fatalf("after an unrepaired gap %d blocks, want the 4 from before it kept unconfirmed", g)
 	}
 }
 
@@ -529,29 +533,52 @@ func TestIngestCatchUp(t *testing.T) {
 	}
 }
 
-// TestIngestStartsClean: confirmed entries another ingester left for the endpoint are dropped on the first
-// message, since their engine hashes cannot be resolved.
-func TestIngestStartsClean(t *testing.T) {
-	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
-	stale := kvstore.Hasher{Seed: 7}.Keys(tokens(1, 32), 16, kvstore.ExtraKeys{})
-	if err := idx.Add(context.Background(), testModel, "e0", kvstore.TierGPU, stale); err != nil {
-		t.Fatal(err)
-	}
-	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, b := storeRoot(t, tokens(100, 16))
-	ing.handle(context.Background(), 41, b)
-	if g, _ := match(t, idx, tokens(1, 32), kvstore.ExtraKeys{}); g != 0 {
-		t.Fatalf("stale entries kept: %d", g)
-	}
-	if g, _ := match(t, idx, tokens(100, 16), kvstore.ExtraKeys{}); g != 1 {
-		t.Fatalf("first batch not applied: %d", g)
+// TestIngestStartsDemoted: confirmed entries another ingester left for the endpoint (a takeover) are kept
+// on a first message that is not seq 0, unconfirmed: they age out after UnconfirmedTTL unless confirmed,
+// since their engine hashes cannot be resolved; at seq 0 (a new engine) they are dropped at once.
+func TestIngestStartsDemoted(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	for _, first := range []uint64{41, 0} {
+		idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{Now: clock})
+		stale := kvstore.Hasher{Seed: 7}.Keys(tokens(1, 32), 16, kvstore.ExtraKeys{})
+		if err := idx.Add(context.Background(), testModel, "e0", kvstore.TierGPU, stale); err != nil {
+			t.Fatal(err)
+		}
+		ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7},
+			Index: idx, Now: clock, UnconfirmedTTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, b := storeRoot(t, tokens(100, 16))
+		ing.handle(context.Background(), first, b)
+		want := 2
+		if first == 0 {
+			want = 0
+		}
+		if g, _ := match(t, idx, tokens(1, 32), kvstore.ExtraKeys{}); g != want {
+			t.Fatalf("first seq %d: stale entries %d, want %d", first, g, want)
+		}
+		if s := ing.Stats(); s.Resyncing != (first != 0) {
+			t.Fatalf("first seq %d: stats %+v", first, s)
+		}
+		mu.Lock()
+		now = now.Add(time.Minute + time.Second)
+		mu.Unlock()
+		if g, _ := match(t, idx, tokens(1, 32), kvstore.ExtraKeys{}); g != 0 {
+			t.Fatalf("first seq %d: unconfirmed entries did not age out: %d", first, g)
+		}
+		if g, _ := match(t, idx, tokens(100, 16), kvstore.ExtraKeys{}); g != 1 {
+			t.Fatalf("first seq %d: first batch not applied: %d", first, g)
+		}
+		if s := ing.Stats(); s.Resyncing {
+			t.Fatalf("still resyncing after the TTL: %+v", s)
+		}
 	}
 }
 
-// TestIngestKeepsSpeculative: a new Ingester's first message clears what an earlier ingester confirmed for
+// TestIngestKeepsSpeculative: a new Ingester's first message from a new engine (seq 0) clears what an earlier ingester confirmed for
 // the endpoint, but not the speculative entries the gateway recorded for requests it just routed there (on
 // both backends, over a real libzmq publisher).
 func TestIngestKeepsSpeculative(t *testing.T) {
@@ -587,8 +614,8 @@ func TestIngestKeepsSpeculative(t *testing.T) {
 			p.wait(p.sub, "subscription")
 			first := tokens(500, 32)
 			_, b := storeRoot(t, first)
-			p.pub(7, b)
-			if s := waitStats(t, ing, "first message", seqIs(7)); s.Clears != 1 || s.IndexErrors != 0 {
+			p.pub(0, b) // a new engine: what an earlier ingester confirmed is gone
+			if s := waitStats(t, ing, "first message", seqIs(0)); s.Clears != 1 || s.IndexErrors != 0 {
 				t.Fatalf("stats %+v", s)
 			}
 			if g, c := match(t, idx, routed, kvstore.ExtraKeys{}); g != 4 || c != 0 {
@@ -601,8 +628,8 @@ func TestIngestKeepsSpeculative(t *testing.T) {
 				t.Fatalf("first batch not applied: %d", g)
 			}
 			// AllBlocksCleared also drops only what the engine reported.
-			p.pub(8, mustEncode(t, batch(AllBlocksCleared{}), LayoutMap, HashUint))
-			waitStats(t, ing, "seq 8", seqIs(8))
+			p.pub(1, mustEncode(t, batch(AllBlocksCleared{}), LayoutMap, HashUint))
+			waitStats(t, ing, "seq 1", seqIs(1))
 			if g, _ := match(t, idx, first, kvstore.ExtraKeys{}); g != 0 {
 				t.Fatalf("entries survived AllBlocksCleared: %d", g)
 			}
@@ -634,7 +661,7 @@ func TestIngestKVCacheGroups(t *testing.T) {
 	}
 }
 
-// TestIngestReplayUnreachable: a configured replay socket that does not answer fails over to clearing.
+// TestIngestReplayUnreachable: a configured replay socket that does not answer fails over to demoting.
 func TestIngestReplayUnreachable(t *testing.T) {
 	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
 	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7},
@@ -648,11 +675,11 @@ func TestIngestReplayUnreachable(t *testing.T) {
 	ing.handle(ctx, 0, b0)
 	ing.handle(ctx, 2, storeChild(t, toks, 2))
 	s := ing.Stats()
-	if s.Gaps != 1 || s.ReplayFailures != 1 || !s.Resyncing || s.LastSeq != 2 || s.Orphans != 1 {
+	if s.Gaps != 1 || s.ReplayFailures != 1 || !s.Resyncing || s.LastSeq != 2 || s.Orphans != 1 || s.Demotions != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 0 {
-		t.Fatalf("entries survived an unrepaired gap: %d", g)
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 1 {
+		t.Fatalf("after an unrepaired gap %d blocks, want block 0 kept unconfirmed", g)
 	}
 }
 

@@ -8,6 +8,8 @@ replay_probe.py). Commands on stdin, one per line; each is answered "ok":
   lose SEQ HEX     keep it in the replay buffer only (a message lost in transit)
   raw HEX HEX ...  publish arbitrary frames (not buffered)
   clearbuf         empty the replay buffer (replay no longer reaches back)
+  bufsteps N       keep only the last N batches for replay (vLLM's buffer_steps)
+  replaydelay MS   sleep MS milliseconds before sending each replayed batch (a slow replay)
   quit
 Prints "ready PUBPORT ROUTERPORT" first, "sub" for each subscription, "replay START" after serving one.
 Usage: pypub.py [PUBPORT [ROUTERPORT]] (0 = pick a free port).
@@ -15,6 +17,7 @@ Usage: pypub.py [PUBPORT [ROUTERPORT]] (0 = pick a free port).
 import queue
 import sys
 import threading
+import time
 
 import zmq
 
@@ -45,6 +48,7 @@ def main():
 
     buf = []
     buf_lock = threading.Lock()
+    opts = {"steps": 0, "delay": 0.0}
     stop = threading.Event()
 
     def serve_replay():
@@ -59,6 +63,8 @@ def main():
             with buf_lock:
                 items = [x for x in buf if x[0] >= start_seq]
             for seq, payload in items:
+                if opts["delay"]:
+                    time.sleep(opts["delay"])
                 router.send_multipart((client_id, b"", seq.to_bytes(8, "big"), payload))
             router.send_multipart((client_id, b"", END_SEQ, b""))
             say(f"replay {start_seq}")
@@ -91,10 +97,16 @@ def main():
             seq, payload = int(c[1]), bytes.fromhex(c[2])
             with buf_lock:
                 buf.append((seq, payload))
+                if opts["steps"] and len(buf) > opts["steps"]:
+                    del buf[: len(buf) - opts["steps"]]
             if c[0] == "pub":
                 pub.send_multipart((TOPIC, seq.to_bytes(8, "big"), payload))
         elif c[0] == "raw":
             pub.send_multipart([bytes.fromhex(x) for x in c[1:]])
+        elif c[0] == "bufsteps":
+            opts["steps"] = int(c[1])
+        elif c[0] == "replaydelay":
+            opts["delay"] = int(c[1]) / 1000.0
         elif c[0] == "clearbuf":
             with buf_lock:
                 buf.clear()
