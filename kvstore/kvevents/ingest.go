@@ -49,8 +49,8 @@ type IngesterConfig struct {
 	// expected to bring (the backlog between the requested sequence number and the one that triggered it),
 	// at most 2 minutes in all; 0 = 2 s.
 	ReplayTimeout time.Duration
-	// ReplayTimeoutPerBatch is the replay time allowed per expected batch; 0 = 2 ms (a 10,000-batch
-	// catch-up, vLLM's default buffer, gets 22 s).
+	// ReplayTimeoutPerBatch is the replay time allowed per expected batch; 0 = 5 ms (a 10,000-batch
+	// catch-up, vLLM's default buffer, gets 52 s).
 	ReplayTimeoutPerBatch time.Duration
 	// UnconfirmedTTL is how long entries the Ingester can no longer vouch for stay in the index (demoted to
 	// unconfirmed holds, kvstore.Demoter) unless the engine's events confirm them again: those an earlier
@@ -222,7 +222,7 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		cfg.ReplayTimeout = 2 * time.Second
 	}
 	if cfg.ReplayTimeoutPerBatch <= 0 {
-		cfg.ReplayTimeoutPerBatch = 2 * time.Millisecond
+		cfg.ReplayTimeoutPerBatch = 5 * time.Millisecond
 	}
 	if cfg.UnconfirmedTTL <= 0 {
 		cfg.UnconfirmedTTL = 5 * time.Minute

@@ -1,0 +1,278 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/redistest"
+)
+
+// Issue #11's reproductions at the ingester, over a real libzmq publisher (testdata/pypub.py).
+
+// storeChain returns a batch storing toks (a whole number of 16-token blocks) as one chain from block 0.
+func storeChain(t *testing.T, toks []uint32) []byte {
+	hs, _ := engineHashes(t, toks, kvstore.ExtraKeys{})
+	return mustEncode(t, batch(BlockStored{BlockHashes: hs, TokenIDs: toks, BlockSize: 16, Medium: "GPU"}), LayoutMap, HashUint)
+}
+
+// startIngester starts an Ingester on p (with replay) into idx.
+func startIngester(t *testing.T, p *pypub, idx kvstore.Index, mod func(*IngesterConfig)) *Ingester {
+	t.Helper()
+	cfg := IngesterConfig{Endpoint: "e0", Model: testModel, EventsAddr: p.addr(p.pubPort), ReplayAddr: p.addr(p.routerPort),
+		BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ing, err := NewIngester(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ing.Close() })
+	return ing
+}
+
+// TestIngestTakeoverKeepsHeldBlocks (#11 item 1): a 45-block prefix P stored at seq 0, then many other
+// batches, so the publisher's replay buffer (buffer_steps 50) no longer reaches seq 0. The first ingester
+// stops (its gateway died) and a second one takes over on the same shared Redis index: on its first message
+// it must not clear P, which the engine still holds. Before the fix P scored 0 after the takeover.
+func TestIngestTakeoverKeepsHeldBlocks(t *testing.T) {
+	rs := redistest.Start(t)
+	idx, err := kvstore.NewRedisIndex(rs.Client(t), kvstore.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPub(t, 0, 0)
+	p.do("bufsteps 50")
+	a := startIngester(t, p, idx, nil)
+	p.wait(p.sub, "subscription")
+	prefix := tokens(1, 45*16)
+	p.pub(0, storeChain(t, prefix))
+	const others = 120
+	for i := 1; i <= others; i++ {
+		p.pub(uint64(i), storeChain(t, tokens(100_000+i*100, 32)))
+	}
+	waitStats(t, a, "the first ingester's batches", seqIs(others))
+	if g, _ := match(t, idx, prefix, kvstore.ExtraKeys{}); g != 45 {
+		t.Fatalf("before the takeover P scores %d blocks, want 45", g)
+	}
+	_ = a.Close()
+
+	b := startIngester(t, p, idx, nil)
+	p.wait(p.sub, "second subscription")
+	p.pub(others+1, storeChain(t, tokens(900_000, 16)))
+	s := waitStats(t, b, "the new ingester's first message", seqIs(others+1))
+	if g, _ := match(t, idx, prefix, kvstore.ExtraKeys{}); g != 45 {
+		t.Fatalf("after the takeover P scores %d blocks, want 45 (the engine still holds it); stats %+v", g, s)
+	}
+	// The buffered history (the last 50 batches) was applied, confirmed; the older ones are unconfirmed.
+	if g, _ := match(t, idx, tokens(100_000+others*100, 32), kvstore.ExtraKeys{}); g != 2 {
+		t.Fatalf("a replayed batch scores %d, want 2", g)
+	}
+	if s.CatchUps != 1 || s.Demotions != 1 || s.Clears != 0 || !s.Resyncing {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestIngestSlowReplayKeepsEntries (#11 item 1): a gap whose replay takes longer than the base replay
+// timeout (150 batches, 3 ms each at the publisher) is still replayed, since the timeout grows with the
+// backlog; an unrelated prefix stays and a child of a block from before the gap is applied. Before the fix
+// the replay timed out, the endpoint was cleared (the prefix went 2 → 0) and the child was an orphan.
+func TestIngestSlowReplayKeepsEntries(t *testing.T) {
+	p := startPub(t, 0, 0)
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing := startIngester(t, p, idx, func(c *IngesterConfig) { c.ReplayTimeout = 300 * time.Millisecond })
+	p.wait(p.sub, "subscription")
+	unrelated, parent := tokens(1, 32), tokens(5000, 48)
+	p.pub(0, storeChain(t, unrelated))
+	p.pub(1, storeChain(t, parent[:32]))
+	waitStats(t, ing, "seq 1", seqIs(1))
+	const lost = 150
+	for i := uint64(2); i < 2+lost; i++ {
+		p.lose(i, storeChain(t, tokens(200_000+int(i)*100, 16)))
+	}
+	p.do("replaydelay 3")
+	p.pub(2+lost, storeChild(t, parent, 2))
+	s := waitStats(t, ing, "the replay", seqIs(2+lost))
+	if s.Replays != 1 || s.ReplayFailures != 0 || s.Demotions != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if g, _ := match(t, idx, unrelated, kvstore.ExtraKeys{}); g != 2 {
+		t.Fatalf("unrelated prefix %d blocks, want 2", g)
+	}
+	if g, _ := match(t, idx, parent, kvstore.ExtraKeys{}); g != 3 {
+		t.Fatalf("parent chain %d blocks, want 3 (the child of a pre-gap block applied)", g)
+	}
+}
+
+// TestIngestUnseenRestart (#11 item 3): the old engine published seq 0..11; a new process on the same ports
+// published seq 0..40 before the subscriber reconnected. The sequence never went backwards as far as the
+// subscriber saw, but the engine's instance (its start time, through IngesterConfig.Instance) changed: the
+// old chain is dropped and the new history is replayed from 0. Before the fix the old chain stayed and the
+// new one was applied as a continuation with unknown parents (0 blocks).
+func TestIngestUnseenRestart(t *testing.T) {
+	p := startPub(t, 0, 0)
+	var mu sync.Mutex
+	inst := "start-1"
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing := startIngester(t, p, idx, func(c *IngesterConfig) {
+		c.Instance = func(context.Context) (string, error) { mu.Lock(); defer mu.Unlock(); return inst, nil }
+	})
+	p.wait(p.sub, "subscription")
+	old := tokens(1, 10*16)
+	hs, _ := engineHashes(t, old, kvstore.ExtraKeys{})
+	p.pub(0, storeChain(t, old[:16]))
+	for i := 1; i < 10; i++ {
+		p.pub(uint64(i), storeChild(t, old, i))
+	}
+	p.pub(10, mustEncode(t, batch(BlockRemoved{BlockHashes: []EngineHash{hs[9] + 1}, Medium: "GPU"}), LayoutMap, HashUint))
+	p.pub(11, mustEncode(t, batch(), LayoutMap, HashUint))
+	waitStats(t, ing, "seq 11", seqIs(11))
+	if g, _ := match(t, idx, old, kvstore.ExtraKeys{}); g != 10 {
+		t.Fatalf("old chain %d blocks, want 10", g)
+	}
+	pub, router := p.pubPort, p.routerPort
+	p.stop()
+	mu.Lock()
+	inst = "start-2"
+	mu.Unlock()
+	q := startPub(t, pub, router)
+	fresh := tokens(7000, 41*16)
+	q.lose(0, storeChain(t, fresh[:16]))
+	for i := 1; i <= 40; i++ {
+		q.lose(uint64(i), storeChild(t, fresh, i))
+	}
+	q.wait(q.sub, "the subscriber reconnecting")
+	q.pub(41, mustEncode(t, batch(), LayoutMap, HashUint))
+	s := waitStats(t, ing, "seq 41 of the new engine", seqIs(41))
+	if g, _ := match(t, idx, old, kvstore.ExtraKeys{}); g != 0 {
+		t.Fatalf("the old engine's chain kept: %d blocks; stats %+v", g, s)
+	}
+	if g, _ := match(t, idx, fresh, kvstore.ExtraKeys{}); g != 41 {
+		t.Fatalf("the new engine's chain %d blocks, want 41; stats %+v", g, s)
+	}
+	if s.Restarts != 1 || s.Orphans != 0 || s.Resyncing {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestIngestNoteInstanceDropsAtOnce (#11 item 3): an engine killed and restarted with an empty cache says
+// nothing on its event stream until it stores something; the gateway's health/metrics probe sees its new
+// start time, and NoteInstance drops the endpoint's entries at once. Before the fix the index kept them.
+func TestIngestNoteInstanceDropsAtOnce(t *testing.T) {
+	p := startPub(t, 0, 0)
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing := startIngester(t, p, idx, nil)
+	ing.NoteInstance("100.25")
+	p.wait(p.sub, "subscription")
+	toks := tokens(1, 150*16)
+	p.pub(0, storeChain(t, toks))
+	waitStats(t, ing, "seq 0", seqIs(0))
+	ing.NoteInstance("100.25") // the same instance: nothing happens
+	time.Sleep(50 * time.Millisecond)
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 150 {
+		t.Fatalf("%d blocks, want 150", g)
+	}
+	ing.NoteInstance("2000.5")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g, _ := match(t, idx, toks, kvstore.ExtraKeys{})
+		if g == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a restarted engine still scores %d blocks", g)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := ing.Stats(); s.Restarts != 1 || s.HaveSeq {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestIngestCorruptBatchReplayed (#11 item 7): a batch that arrives undecodable is fetched again through
+// replay; before the fix its events were dropped.
+func TestIngestCorruptBatchReplayed(t *testing.T) {
+	p := startPub(t, 0, 0)
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing := startIngester(t, p, idx, nil)
+	p.wait(p.sub, "subscription")
+	toks := tokens(1, 48)
+	p.pub(0, storeChain(t, toks[:16]))
+	waitStats(t, ing, "seq 0", seqIs(0))
+	good := storeChild(t, toks, 1)
+	p.lose(1, good) // the engine's buffer holds the good copy
+	var seq8 [8]byte
+	binary.BigEndian.PutUint64(seq8[:], 1)
+	bad := append([]byte{}, good[:len(good)/2]...)
+	p.do(fmt.Sprintf("raw %x %x %x", "kv@test", seq8[:], bad))
+	s := waitStats(t, ing, "seq 1", seqIs(1))
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 2 {
+		t.Fatalf("%d blocks, want 2 (the corrupt batch recovered); stats %+v", g, s)
+	}
+	if s.DecodeErrors != 1 || s.CorruptReplays != 1 || s.RecoveredBatches != 1 || s.Demotions != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	p.pub(2, storeChild(t, toks, 2))
+	s = waitStats(t, ing, "seq 2", seqIs(2))
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 3 || s.Duplicates != 0 || s.Gaps != 0 {
+		t.Fatalf("%d blocks after seq 2; stats %+v", g, s)
+	}
+}
+
+// TestIngestAbsurdTimestamps (#11 item 7): a batch timestamp of inf, NaN or -1e300 is counted and leaves
+// the lag as it was; before the fix the lag gauge read 9.2e9 s.
+func TestIngestAbsurdTimestamps(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	now := time.Unix(1_800_000_000, 0)
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7},
+		Index: idx, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ing.handle(ctx, 0, mustEncode(t, EventBatch{TS: float64(now.Unix()) - 0.25}, LayoutMap, HashUint))
+	near := func(l time.Duration) bool { return l > 249*time.Millisecond && l < 251*time.Millisecond }
+	if l := ing.Stats().Lag; !near(l) {
+		t.Fatalf("lag %v, want 250ms", l)
+	}
+	for i, ts := range []float64{math.Inf(1), math.Inf(-1), math.NaN(), -1e300, 1e300} {
+		ing.handle(ctx, uint64(i+1), mustEncode(t, EventBatch{TS: ts}, LayoutMap, HashUint))
+	}
+	s := ing.Stats()
+	if !near(s.Lag) || s.BadTimestamps != 5 || s.Batches != 6 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestIngestConfigErrorClears (#11 item 7): one bad event ("engine block size 0") sets ConfigError; the
+// next BlockStored that agrees with the configuration clears it. Before the fix it stuck for good.
+func TestIngestConfigErrorClears(t *testing.T) {
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	ing, err := NewIngester(IngesterConfig{Endpoint: "e0", Model: testModel, BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	toks := tokens(1, 32)
+	hs, _ := engineHashes(t, toks, kvstore.ExtraKeys{})
+	ing.handle(ctx, 0, mustEncode(t, batch(BlockStored{BlockHashes: hs[:1], TokenIDs: toks[:16], BlockSize: 0, Medium: "GPU"}), LayoutMap, HashUint))
+	if s := ing.Stats(); s.ConfigError == "" || s.BlockSizeErrors != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	ing.handle(ctx, 1, storeChain(t, toks))
+	if s := ing.Stats(); s.ConfigError != "" || s.BlockSizeErrors != 1 {
+		t.Fatalf("config error kept after good events: %+v", s)
+	}
+	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 2 {
+		t.Fatalf("%d blocks", g)
+	}
+}
