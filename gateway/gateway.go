@@ -185,6 +185,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		}
 	}
 	g.eps = endpoints.NewSet(all, up.HTTP(), cfg.ScrapeInterval, log)
+	g.eps.OnStartTime(g.noteStartTime)
 	probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)
 	g.eps.ProbeAll(probeCtx)
 	pc()
@@ -343,11 +344,13 @@ func (g *Gateway) readyDetails() map[string]any {
 		Gaps       uint64  `json:"gaps"`
 		Replays    uint64  `json:"replays"`
 		Resyncing  bool    `json:"resyncing"`
+		Demotions  uint64  `json:"demotions"`
+		Restarts   uint64  `json:"engine_restarts"`
 		Error      string  `json:"config_error,omitempty"`
 	}
 	out := map[string]ing{}
 	for _, s := range g.IngestStats() {
-		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.ConfigError}
+		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.Demotions, s.Restarts, s.ConfigError}
 	}
 	return map[string]any{"ingestion": out}
 }
@@ -364,13 +367,24 @@ var (
 	descRF  = prometheus.NewDesc("kvgate_event_replay_failures_total", "Replays that failed (endpoint cleared).", []string{"endpoint"}, nil)
 	descEv  = prometheus.NewDesc("kvgate_events_total", "KV events applied.", []string{"endpoint"}, nil)
 	descCon = prometheus.NewDesc("kvgate_event_connected", "1 while the KV-event subscriber is connected.", []string{"endpoint"}, nil)
+	// What ingestion rejected or repaired (issue #11 item 7).
+	descDecErr   = prometheus.NewDesc("kvgate_event_decode_errors_total", "KV-event batches that did not decode (re-fetched through replay when configured).", []string{"endpoint"}, nil)
+	descBadFrame = prometheus.NewDesc("kvgate_event_bad_frames_total", "ZMQ messages that are not [topic, seq(8 bytes), payload].", []string{"endpoint"}, nil)
+	descOrphan   = prometheus.NewDesc("kvgate_event_orphans_total", "BlockStored events whose parent block is unknown (not indexed).", []string{"endpoint"}, nil)
+	descBSErr    = prometheus.NewDesc("kvgate_event_block_size_errors_total", "BlockStored events whose block size differs from the model's (not indexed).", []string{"endpoint"}, nil)
+	descBadTS    = prometheus.NewDesc("kvgate_event_bad_timestamps_total", "KV-event batches whose timestamp is not a believable time (lag not updated).", []string{"endpoint"}, nil)
+	descDemote   = prometheus.NewDesc("kvgate_event_demotions_total", "Times an endpoint's index entries became unconfirmed (takeover past the replay buffer, unrepaired gap).", []string{"endpoint"}, nil)
+	descRestart  = prometheus.NewDesc("kvgate_event_engine_restarts_total", "Engine restarts seen (sequence back to 0, or a new process start time).", []string{"endpoint"}, nil)
+	descRecov    = prometheus.NewDesc("kvgate_event_recovered_batches_total", "Undecodable KV-event batches recovered through replay.", []string{"endpoint"}, nil)
+	descCfgErr   = prometheus.NewDesc("kvgate_event_config_error", "1 while the endpoint's KV events disagree with the configuration (see /readyz).", []string{"endpoint"}, nil)
 )
 
 type ingestCollector struct{ g *Gateway }
 
 // Describe implements prometheus.Collector.
 func (c *ingestCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon} {
+	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon, descDecErr, descBadFrame,
+		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr} {
 		ch <- d
 	}
 }
@@ -389,5 +403,15 @@ func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRF, prometheus.CounterValue, float64(s.ReplayFailures), ep)
 		ch <- prometheus.MustNewConstMetric(descEv, prometheus.CounterValue, float64(s.Events), ep)
 		ch <- prometheus.MustNewConstMetric(descCon, prometheus.GaugeValue, conn, ep)
+		for d, v := range map[*prometheus.Desc]uint64{descDecErr: s.DecodeErrors, descBadFrame: s.BadFrames,
+			descOrphan: s.Orphans, descBSErr: s.BlockSizeErrors, descBadTS: s.BadTimestamps, descDemote: s.Demotions,
+			descRestart: s.Restarts, descRecov: s.RecoveredBatches} {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ep)
+		}
+		cfgErr := 0.0
+		if s.ConfigError != "" {
+			cfgErr = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descCfgErr, prometheus.GaugeValue, cfgErr, ep)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
@@ -30,7 +31,37 @@ func holderID() string {
 func (g *Gateway) ingesterConfig(m config.Model, e config.Endpoint) kvevents.IngesterConfig {
 	return kvevents.IngesterConfig{Endpoint: kvstore.EndpointID(e.ID), Model: m.Name, EventsAddr: e.KVEvents,
 		ReplayAddr: e.KVReplay, BlockSize: m.BlockSize, Hasher: kvstore.Hasher{Seed: g.cfg.BlockKeySeed},
-		Index: g.index, Logger: g.log}
+		Index: g.index, Logger: g.log, UnconfirmedTTL: g.cfg.IndexUnconfirmedTTL, ReplayTimeout: g.cfg.IndexReplayTimeout,
+		ReplayTimeoutPerBatch: g.cfg.IndexReplayTimeoutPerBatch, Instance: g.engineInstance(e.ID)}
+}
+
+// engineInstance returns endpoint id's instance identity for kvevents.IngesterConfig.Instance: its
+// process_start_time_seconds scraped now ("" when it exports none).
+func (g *Gateway) engineInstance(id string) func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		if g.eps == nil {
+			return "", nil
+		}
+		st, err := g.eps.StartTime(ctx, id)
+		if err != nil || st == 0 {
+			return "", err
+		}
+		return instanceID(st), nil
+	}
+}
+
+// instanceID formats an engine start time as an instance identity.
+func instanceID(start float64) string { return strconv.FormatFloat(start, 'f', -1, 64) }
+
+// noteStartTime passes a scraped engine start time to the endpoint's ingester, if this gateway runs it: a
+// restarted engine's entries are dropped as soon as its metrics show the new start.
+func (g *Gateway) noteStartTime(id string, start float64) {
+	g.ingMu.Lock()
+	in := g.ingesters[id]
+	g.ingMu.Unlock()
+	if in != nil {
+		in.NoteInstance(instanceID(start))
+	}
 }
 
 // runIngestion ingests e's KV events while this gateway holds the store lease "ingest:<model>/<id>"; another

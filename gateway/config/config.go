@@ -57,6 +57,13 @@ const (
 	DefaultPolicyName          = "three-tier"
 )
 
+// Defaults of the index-under-faults keys.
+const (
+	DefaultIndexUnconfirmedTTL        = 5 * time.Minute
+	DefaultIndexReplayTimeout         = 2 * time.Second
+	DefaultIndexReplayTimeoutPerBatch = 5 * time.Millisecond
+)
+
 // Config is the whole file. Durations are YAML strings such as "5s" or "250ms".
 type Config struct {
 	// Listen is the client and admin HTTP address, host:port (default ":8080").
@@ -99,6 +106,18 @@ type Config struct {
 	DefaultOutputTokens int64 `yaml:"default_output_tokens"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `yaml:"log_level"`
+
+	// The index under faults (kvstore/RATIONALE.md, "Index under faults").
+
+	// IndexUnconfirmedTTL is how long index entries the ingester can no longer vouch for (after an
+	// ingestion takeover or restart whose replay does not reach the engine's first event, or a sequence gap
+	// replay could not close) keep counting unless the engine's events confirm them (default 5m).
+	IndexUnconfirmedTTL time.Duration `yaml:"index_unconfirmed_ttl"`
+	// IndexReplayTimeout is the base time allowed for one KV-event replay exchange (default 2s);
+	// IndexReplayTimeoutPerBatch is added for every batch the replay is expected to bring (default 5ms).
+	IndexReplayTimeout         time.Duration `yaml:"index_replay_timeout"`
+	IndexReplayTimeoutPerBatch time.Duration `yaml:"index_replay_timeout_per_batch"`
+
 	// Models are the served models (at least one).
 	Models []Model `yaml:"models"`
 	// Simulate, when set, starts simulated engines in-process (make run, demos).
@@ -294,6 +313,15 @@ func (c *Config) applyDefaults() {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	if c.IndexUnconfirmedTTL == 0 {
+		c.IndexUnconfirmedTTL = DefaultIndexUnconfirmedTTL
+	}
+	if c.IndexReplayTimeout == 0 {
+		c.IndexReplayTimeout = DefaultIndexReplayTimeout
+	}
+	if c.IndexReplayTimeoutPerBatch == 0 {
+		c.IndexReplayTimeoutPerBatch = DefaultIndexReplayTimeoutPerBatch
+	}
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -351,7 +379,8 @@ func (c *Config) Validate() error {
 	}
 	for key, d := range map[string]time.Duration{"client_idle_timeout": c.ClientIdleTimeout,
 		"upstream_idle_timeout": c.UpstreamIdleTimeout, "scrape_interval": c.ScrapeInterval,
-		"speculative_ttl": c.SpeculativeTTL, "lease_ttl": c.LeaseTTL} {
+		"speculative_ttl": c.SpeculativeTTL, "lease_ttl": c.LeaseTTL, "index_unconfirmed_ttl": c.IndexUnconfirmedTTL,
+		"index_replay_timeout": c.IndexReplayTimeout, "index_replay_timeout_per_batch": c.IndexReplayTimeoutPerBatch} {
 		if d < 0 {
 			bad(key, "must be positive, got %v", d)
 		}

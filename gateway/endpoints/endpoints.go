@@ -37,6 +37,9 @@ type Load struct {
 	Waiting, Running float64
 	// KVCacheUsage is the engine's KV-cache utilization, a fraction in [0,1].
 	KVCacheUsage float64
+	// StartTime is the engine's process_start_time_seconds (Unix seconds) as last scraped; 0 when its
+	// metrics have none. A change means the engine restarted.
+	StartTime float64
 	// Scraped is when the metrics were last read successfully (zero: never).
 	Scraped time.Time
 	// Err is the last probe or scrape error ("" when fine).
@@ -48,6 +51,9 @@ type Metrics struct {
 	// Waiting and Running are the engine's queued and running requests (summed over data-parallel ranks);
 	// KVCacheUsage is its KV-cache utilization, a fraction in [0,1].
 	Waiting, Running, KVCacheUsage float64
+	// StartTime is process_start_time_seconds (Unix seconds; 0 when absent): the engine process's start,
+	// which changes when it restarts.
+	StartTime float64
 	// Found counts the recognised samples (0: the page had none of the names above).
 	Found int
 }
@@ -76,6 +82,11 @@ func ParseMetrics(page []byte) Metrics {
 			dst = &m.Running
 		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
 			dst = &m.KVCacheUsage
+		case "process_start_time_seconds":
+			dst = &m.StartTime
+			if m.StartTime != 0 {
+				continue // one process, one value: keep the first
+			}
 		default:
 			continue
 		}
@@ -134,6 +145,31 @@ type Set struct {
 	interval time.Duration
 	log      *slog.Logger
 	scrapes  atomic.Int64
+	onStart  atomic.Pointer[func(id string, start float64)]
+}
+
+// OnStartTime sets f to be called, from the probing goroutine, with every non-zero engine start time a
+// scrape reads (process_start_time_seconds), so a caller can tell a restarted engine at once (kvevents
+// Ingester.NoteInstance). Safe to call at any time; nil removes it.
+func (s *Set) OnStartTime(f func(id string, start float64)) {
+	if f == nil {
+		s.onStart.Store(nil)
+		return
+	}
+	s.onStart.Store(&f)
+}
+
+// StartTime scrapes endpoint id's /metrics now and returns its process_start_time_seconds (0 when absent).
+func (s *Set) StartTime(ctx context.Context, id string) (float64, error) {
+	st, ok := s.byID[id]
+	if !ok {
+		return 0, nil
+	}
+	page, err := s.get(ctx, strings.TrimRight(st.ep.URL, "/")+"/metrics")
+	if err != nil {
+		return 0, err
+	}
+	return ParseMetrics(page).StartTime, nil
 }
 
 // NewSet returns a Set for eps that probes with hc every interval once Run is called.
@@ -266,7 +302,11 @@ func (s *Set) probe(ctx context.Context, st *state) {
 	default:
 		m := ParseMetrics(page)
 		st.load.Waiting, st.load.Running, st.load.KVCacheUsage = m.Waiting, m.Running, m.KVCacheUsage
+		st.load.StartTime = m.StartTime
 		st.load.Scraped = time.Now()
+		if f := s.onStart.Load(); f != nil && m.StartTime != 0 {
+			defer (*f)(st.ep.ID, m.StartTime) // after the unlock
+		}
 	}
 	if was != st.load.Healthy && s.log != nil {
 		s.log.LogAttrs(ctx, slog.LevelInfo, "endpoint health changed", slog.String("endpoint_id", st.ep.ID),

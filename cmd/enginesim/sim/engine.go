@@ -82,6 +82,7 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 		stop:     make(chan struct{}),
 	}
 	e.cond = sync.NewCond(&e.mu)
+	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	e.faults.set(cfg.Faults)
 	if cfg.eventsEnabled() {
 		if e.pub, err = newPublisher(&e.cfg, log); err != nil {
@@ -639,6 +640,7 @@ func (e *Engine) SetFaults(f Faults) error {
 		e.pub.restart()
 	}
 	e.m.faults.WithLabelValues("restart_event_seq").Inc()
+	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	e.log.Info("fault: restarted the kv event sequence and emptied the cache")
 	return nil
 }

@@ -23,6 +23,7 @@ type metrics struct {
 	eventBatches                  prometheus.Counter
 	eventBatchesDropped           prometheus.Counter
 	faults                        *prometheus.CounterVec
+	startTime                     prometheus.Gauge
 }
 
 // vLLM's histogram buckets (vllm/v1/metrics/loggers.py).
@@ -59,6 +60,12 @@ func newMetrics(modelName string) *metrics {
 		return c
 	}
 	m := &metrics{reg: reg}
+	// The Prometheus client's process collector exports process_start_time_seconds for a vLLM process;
+	// engines sharing one process here each report their own start (a restart fault moves it), which is
+	// what a gateway reads to tell an engine restart from a reconnect. No model_name label, as in vLLM.
+	m.startTime = prometheus.NewGauge(prometheus.GaugeOpts{Name: "process_start_time_seconds",
+		Help: "Start time of the process since unix epoch in seconds."})
+	reg.MustRegister(m.startTime)
 	m.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
 	m.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
 	m.usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
