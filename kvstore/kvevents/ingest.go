@@ -286,7 +286,7 @@ func (in *Ingester) Stats() Stats {
 
 // NoteInstance tells a started Ingester the engine's instance identity as its health or metrics show it
 // (e.g. process_start_time_seconds). A value different from the last one seen means the engine restarted
-// with an empty cache: the endpoint's entries are dropped as soon as the Ingester's goroutine sees the note
+// with an empty cache: the endpoint's entries (speculative ones too) are dropped as soon as the Ingester's goroutine sees the note
 // (between two messages, or at once while disconnected), and the next message starts a new sequence. The
 // first value only sets the identity. Safe from any goroutine; never blocks (a newer note replaces one not
 // yet seen). "" is ignored.
@@ -319,6 +319,8 @@ func (in *Ingester) instanceSeen(ctx context.Context, id string) {
 	}
 	in.log.InfoContext(ctx, "kv events engine restarted (new instance)", slog.String("old", old), slog.String("new", id))
 	in.bump(func(s *Stats) { s.Restarts++ })
+	// Every entry goes, speculative ones too: they were recorded for requests routed to the old process.
+	in.unconfUntil = in.cfg.Now().Add(time.Hour) // makes clear use ClearEndpoint
 	in.clear(ctx, false)
 	in.seqHave, in.seqLast = false, 0
 	in.dupLo, in.dupHi = 0, 0
