@@ -46,7 +46,7 @@ func (g epochGuard) DialHook(next redis.DialHook) redis.DialHook {
 		if !enforce {
 			return conn, nil
 		}
-		got, err := g.readMarker(conn)
+		got, err := g.readMarker(ctx, conn)
 		if err == nil && got != want {
 			err = fmt.Errorf("%w: marker %q, expected %q", errEpochChanged, got, want)
 		}
@@ -67,9 +67,14 @@ func (epochGuard) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 
 // readMarker reads the epoch marker on a fresh connection in RESP2 (before go-redis's own handshake), leaving
-// nothing unread: the server answers exactly the commands sent.
-func (g epochGuard) readMarker(conn net.Conn) (string, error) {
-	_ = conn.SetDeadline(time.Now().Add(g.timeout))
+// nothing unread: the server answers exactly the commands sent. It gives up after g.timeout or at ctx's
+// deadline, whichever is first (a hung server must not hold a request past its store timeout).
+func (g epochGuard) readMarker(ctx context.Context, conn net.Conn) (string, error) {
+	dl := time.Now().Add(g.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	_ = conn.SetDeadline(dl)
 	defer conn.SetDeadline(time.Time{})
 	var cmds []string
 	if g.password != "" {

@@ -64,6 +64,9 @@ type Gateway struct {
 	models    map[string]server.ServedModel
 	// policySync propagates admin policy changes through the store (nil with the memory store).
 	policySync *policySync
+	// policyUnconfirmed is set while the gateway, started without its store, serves the config's policies
+	// without having read what the store says is active (/readyz policy_unconfirmed).
+	policyUnconfirmed atomic.Bool
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -93,10 +96,17 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}()
 
 	// Store.
+	// A Redis that does not answer at start does not stop the gateway: it serves the config's policy on
+	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
-		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword})
+		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
+	}
+	if st.StartErr != nil {
+		log.Warn("store unreachable at start: serving the config's policies on load-only routing until it answers",
+			slog.String("error", st.StartErr.Error()))
+		g.policyUnconfirmed.Store(true)
 	}
 	g.store = st
 	g.index, g.res = st.Index, st.Reservations
@@ -150,7 +160,11 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: model %s: policy: %w", m.Name, err)
 		}
 	}
-	ps.reconcile(ctx)
+	if g.policyUnconfirmed.Load() {
+		g.wg.Go(func() { g.storeWait(runCtx, ps) })
+	} else {
+		ps.reconcile(ctx)
+	}
 	g.wg.Go(func() { ps.run(runCtx) })
 
 	// Endpoints and models.
@@ -209,7 +223,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger, Epocher: epocher,
 		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
-		Metrics: g.metrics, Log: log})
+		Metrics: g.metrics, Log: log, StoreTimeout: cfg.StoreTimeout})
 	if c, ok := st.Redis.(*redis.Client); ok {
 		// A standalone Redis that restarted empty is refused on every new connection until the router has
 		// recovered onto it (gateway/RATIONALE.md); a cluster relies on the router's periodic epoch check.
@@ -352,7 +366,37 @@ func (g *Gateway) readyDetails() map[string]any {
 	for _, s := range g.IngestStats() {
 		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.Demotions, s.Restarts, s.ConfigError}
 	}
-	return map[string]any{"ingestion": out}
+	d := map[string]any{"ingestion": out}
+	if g.policyUnconfirmed.Load() {
+		d["policy_unconfirmed"] = true
+	}
+	return d
+}
+
+// storeWait, for a gateway started while its store was unreachable, pings the store every second until it
+// answers, then reads the fleet's policy state from it (policySync.reconcile) and clears policy_unconfirmed.
+// Routing and ingestion join by themselves: the router probes the store back up, ingesters take leases.
+func (g *Gateway) storeWait(ctx context.Context, ps *policySync) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := g.store.Ping(pctx)
+		if err == nil {
+			ps.reconcile(pctx)
+		}
+		cancel()
+		if err == nil {
+			g.policyUnconfirmed.Store(false)
+			g.log.Info("store reachable: fleet policy state read")
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // registerIngestMetrics exposes event lag, gaps and replays per endpoint from the ingesters' stats.

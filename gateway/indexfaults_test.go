@@ -200,3 +200,82 @@ func TestRestartSeenInMetrics(t *testing.T) {
 	}
 	t.Logf("entries dropped %v after the restart (scrape interval 100ms)", time.Since(restarted).Round(time.Millisecond))
 }
+
+// TestHungRedisDegradesQuickly (#11 item 4): two gateways on one Redis that is paused (kill -STOP): every
+// request is still answered, none waits more than 2 × store_timeout beyond the slowest request before the
+// pause, and both gateways switch to store-down routing. Before the fix the first requests took ~10 s
+// (go-redis's 3 s read timeout, retried).
+func TestHungRedisDegradesQuickly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server")
+	}
+	const storeTimeout = 200 * time.Millisecond
+	rs := redistest.Start(t)
+	engines := startSims(t, 2, nil)
+	yaml := gwYAML(simEndpointsYAML(engines, 64), fmt.Sprintf("store: {kind: redis, addrs: [%q]}\nstore_timeout: %v\n", rs.Addr, storeTimeout))
+	gws := []*Gateway{startGateway(t, yaml), startGateway(t, yaml)}
+	waitSubscribed(t, engines, gws...)
+	timed := func(g *Gateway, q string) time.Duration {
+		t0 := time.Now()
+		st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", chatBody(false, 1, q))
+		if st != 200 {
+			t.Fatalf("%s: %d %s", q, st, b)
+		}
+		return time.Since(t0)
+	}
+	var base time.Duration
+	for i := range 6 {
+		base = max(base, timed(gws[i%2], fmt.Sprint("before the pause ", i)))
+	}
+	rs.Pause()
+	defer rs.Resume()
+	paused := time.Now()
+	var worst time.Duration
+	for i := range 8 {
+		worst = max(worst, timed(gws[i%2], fmt.Sprint("while paused ", i)))
+	}
+	t.Logf("slowest request before the pause %v; while paused %v (store_timeout %v); all answered %v after the pause",
+		base.Round(time.Millisecond), worst.Round(time.Millisecond), storeTimeout, time.Since(paused).Round(time.Millisecond))
+	if worst > base+2*storeTimeout {
+		t.Fatalf("a request took %v while Redis was paused, want at most %v", worst, base+2*storeTimeout)
+	}
+	for i, g := range gws {
+		if !g.Router().StoreStatus().Down {
+			t.Fatalf("gateway %d did not switch to store-down routing", i)
+		}
+	}
+	rs.Resume()
+	for i, g := range gws {
+		if !waitFor(10*time.Second, func() bool { return !g.Router().StoreStatus().Down }) {
+			t.Fatalf("gateway %d never saw the store again", i)
+		}
+	}
+}
+
+// TestStartWithoutRedis (#11 item 4): a gateway started while Redis is unreachable starts in degraded mode
+// (the config's policy on load-only routing; /readyz says policy_unconfirmed) and joins when Redis answers:
+// the flag clears, the router is back on the store and it ingests the engines' events. Before the fix it
+// exited ("redis ping ... connection refused").
+func TestStartWithoutRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server")
+	}
+	rs := redistest.Start(t)
+	rs.Stop()
+	engines := startSims(t, 2, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), fmt.Sprintf("store: {kind: redis, addrs: [%q]}\n", rs.Addr)))
+	st, h, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", chatBody(false, 1, "no redis yet"))
+	if st != 200 || h.Get("x-kvgate-policy") == "" {
+		t.Fatalf("without redis: %d %s", st, b)
+	}
+	if rz := readyz(t, g); rz["policy_unconfirmed"] != true || rz["degraded"] != true {
+		t.Fatalf("readyz without redis: %v", rz)
+	}
+	rs.Restart()
+	if !waitFor(10*time.Second, func() bool {
+		rz := readyz(t, g)
+		return rz["policy_unconfirmed"] == nil && rz["degraded"] == false && len(g.IngestStats()) == 2
+	}) {
+		t.Fatalf("never joined: readyz %v, %d ingesters", readyz(t, g), len(g.IngestStats()))
+	}
+}

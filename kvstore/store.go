@@ -26,6 +26,9 @@ type StoreConfig struct {
 	MaxKeys int
 	// Now is the memory backends' clock (nil means time.Now).
 	Now func() time.Time
+	// AllowUnreachable makes OpenStore return a Redis store even when the first ping fails (Store.StartErr
+	// says why); its calls fail until Redis answers, and the client connects by itself when it does.
+	AllowUnreachable bool
 }
 
 // Store bundles the parts of one shared-state backend. Every field is safe for concurrent use.
@@ -42,10 +45,14 @@ type Store struct {
 	Leases Leases
 	// Redis is the underlying client (nil for memory), for health details and tests.
 	Redis redis.UniversalClient
+	// StartErr is the failed first ping of a store opened with StoreConfig.AllowUnreachable (nil: it answered).
+	StartErr error
 }
 
 // OpenStore builds the Store cfg describes. For Redis it pings the server once, returning the error if
-// Redis is unreachable within ctx; the client reconnects by itself afterwards. Close releases it.
+// Redis is unreachable within ctx (unless cfg.AllowUnreachable); the client reconnects by itself afterwards.
+// Redis calls honour their context's deadline (go-redis ContextTimeoutEnabled), so a caller's deadline
+// bounds a call to a hung server. Close releases it.
 func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	switch cfg.Kind {
 	case "", "memory":
@@ -66,12 +73,14 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	}
 	var c redis.UniversalClient
 	if cfg.Cluster {
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password})
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password,
+			ContextTimeoutEnabled: true})
 	} else {
 		if len(cfg.Addrs) != 1 {
 			return nil, fmt.Errorf("kvstore: %d redis addrs without cluster: %w", len(cfg.Addrs), ErrInvalidArgument)
 		}
-		c = redis.NewClient(&redis.Options{Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, DB: cfg.DB})
+		c = redis.NewClient(&redis.Options{Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, DB: cfg.DB,
+			ContextTimeoutEnabled: true})
 	}
 	rc := RedisConfig{Prefix: cfg.Prefix}
 	idx, err1 := NewRedisIndex(c, rc)
@@ -83,6 +92,10 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	}
 	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Redis: c}
 	if err := s.Ping(ctx); err != nil {
+		if cfg.AllowUnreachable {
+			s.StartErr = err
+			return s, nil
+		}
 		_ = c.Close()
 		return nil, err
 	}

@@ -62,6 +62,7 @@ const (
 	DefaultIndexUnconfirmedTTL        = 5 * time.Minute
 	DefaultIndexReplayTimeout         = 2 * time.Second
 	DefaultIndexReplayTimeoutPerBatch = 5 * time.Millisecond
+	DefaultStoreTimeout               = 200 * time.Millisecond
 )
 
 // Config is the whole file. Durations are YAML strings such as "5s" or "250ms".
@@ -117,6 +118,10 @@ type Config struct {
 	// IndexReplayTimeoutPerBatch is added for every batch the replay is expected to bring (default 5ms).
 	IndexReplayTimeout         time.Duration `yaml:"index_replay_timeout"`
 	IndexReplayTimeoutPerBatch time.Duration `yaml:"index_replay_timeout_per_batch"`
+	// StoreTimeout bounds each store call on a request's path (match, in-flight read, reserve, renew,
+	// release; default 200ms): a hung Redis switches the gateway to store-down routing after about this long
+	// instead of stalling requests.
+	StoreTimeout time.Duration `yaml:"store_timeout"`
 
 	// Models are the served models (at least one).
 	Models []Model `yaml:"models"`
@@ -319,6 +324,9 @@ func (c *Config) applyDefaults() {
 	if c.IndexReplayTimeout == 0 {
 		c.IndexReplayTimeout = DefaultIndexReplayTimeout
 	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
+	}
 	if c.IndexReplayTimeoutPerBatch == 0 {
 		c.IndexReplayTimeoutPerBatch = DefaultIndexReplayTimeoutPerBatch
 	}
@@ -380,7 +388,8 @@ func (c *Config) Validate() error {
 	for key, d := range map[string]time.Duration{"client_idle_timeout": c.ClientIdleTimeout,
 		"upstream_idle_timeout": c.UpstreamIdleTimeout, "scrape_interval": c.ScrapeInterval,
 		"speculative_ttl": c.SpeculativeTTL, "lease_ttl": c.LeaseTTL, "index_unconfirmed_ttl": c.IndexUnconfirmedTTL,
-		"index_replay_timeout": c.IndexReplayTimeout, "index_replay_timeout_per_batch": c.IndexReplayTimeoutPerBatch} {
+		"index_replay_timeout": c.IndexReplayTimeout, "index_replay_timeout_per_batch": c.IndexReplayTimeoutPerBatch,
+		"store_timeout": c.StoreTimeout} {
 		if d < 0 {
 			bad(key, "must be positive, got %v", d)
 		}

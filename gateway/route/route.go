@@ -121,6 +121,10 @@ type Options struct {
 	// claims before anyone routes on the shared counters alone. Default max(3 × StoreProbeInterval, 1 s).
 	RecoveryGrace time.Duration
 	NativeConfig  threetier.Config // config of the load-only fallback ranking
+	// StoreTimeout bounds every store call on a request's path (match, in-flight read, reserve, renew,
+	// release): a hung store fails the call after this long and the router switches to store-down routing.
+	// Default 200ms.
+	StoreTimeout time.Duration
 }
 
 // Router runs the pipeline. Safe for concurrent use; create with New.
@@ -163,6 +167,9 @@ func New(o Options) *Router {
 	}
 	if o.StoreProbeInterval == 0 {
 		o.StoreProbeInterval = 500 * time.Millisecond
+	}
+	if o.StoreTimeout <= 0 {
+		o.StoreTimeout = 200 * time.Millisecond
 	}
 	if o.StoreDownLimitShare <= 0 || o.StoreDownLimitShare > 1 {
 		o.StoreDownLimitShare = 1
@@ -329,7 +336,9 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		if r.o.Reservations == nil || !r.storeUp() {
 			return inflightResult{}
 		}
-		m, err := r.o.Reservations.InFlight(ctx, ids)
+		sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
+		defer cancel()
+		m, err := r.o.Reservations.InFlight(sctx, ids)
 		return inflightResult{m, err}
 	}
 	if r.o.Pinger != nil {
@@ -338,7 +347,9 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	}
 	p.LoadOnly = r.o.Index == nil || !r.storeUp()
 	if !p.LoadOnly && len(p.Keys) > 0 {
-		ms, err := r.o.Index.Match(ctx, m.Name, p.Keys)
+		sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
+		ms, err := r.o.Index.Match(sctx, m.Name, p.Keys)
+		cancel()
 		if err != nil && ctx.Err() == nil {
 			r.storeError("match", err)
 			p.LoadOnly = true
@@ -576,7 +587,9 @@ func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, co
 			err = kvstore.ErrNoCapacity
 		} else {
 			var l kvstore.Lease
-			l, err = r.o.Reservations.Reserve(ctx, cands, cost, r.o.LeaseTTL)
+			sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
+			l, err = r.o.Reservations.Reserve(sctx, cands, cost, r.o.LeaseTTL)
+			cancel()
 			if err == nil {
 				cl = &Claim{ep: l.Endpoint, cost: cost, lease: l, onStore: true, epoch: r.currentEpoch()}
 				r.led.add(cl)
@@ -655,7 +668,9 @@ func (r *Router) Renew(ctx context.Context, c *Claim) error {
 	if c.released || !c.onStore || !r.storeUp() || c.epoch != r.currentEpoch() {
 		return nil
 	}
-	l, err := r.o.Reservations.Renew(ctx, c.lease, r.o.LeaseTTL)
+	sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
+	l, err := r.o.Reservations.Renew(sctx, c.lease, r.o.LeaseTTL)
+	cancel()
 	if err == nil {
 		c.lease = l
 		return nil
@@ -700,7 +715,7 @@ func (r *Router) Release(c *Claim) {
 	if epoch != r.currentEpoch() {
 		return // the store restarted: this lease ID may name another gateway's lease now
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.StoreTimeout)
 	defer cancel()
 	if err := r.o.Reservations.Release(ctx, l); err != nil {
 		if r.storeError("release", err) {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,7 +167,25 @@ func (s *Server) Restart() {
 	s.t.Fatalf("redistest: restart: %v", err)
 }
 
-func (s *Server) stop() { s.Stop() }
+func (s *Server) stop() {
+	s.Resume() // a paused server must get SIGCONT to die on SIGKILL's way out cleanly
+	s.Stop()
+}
+
+// Pause stops the server with SIGSTOP (kill -STOP): connections stay open and commands hang until Resume.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(sig)
+	}
+}
 
 // Cluster is a Redis Cluster of masters without replicas, each a Server with cluster-enabled.
 type Cluster struct {
