@@ -223,7 +223,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger, Epocher: epocher,
 		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
-		Metrics: g.metrics, Log: log, StoreTimeout: cfg.StoreTimeout})
+		Metrics: g.metrics, Log: log, StoreTimeout: cfg.StoreTimeout, HitTTL: cfg.IndexUnconfirmedTTL})
 	if c, ok := st.Redis.(*redis.Client); ok {
 		// A standalone Redis that restarted empty is refused on every new connection until the router has
 		// recovered onto it (gateway/RATIONALE.md); a cluster relies on the router's periodic epoch check.

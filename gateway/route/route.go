@@ -125,6 +125,11 @@ type Options struct {
 	// release): a hung store fails the call after this long and the router switches to store-down routing.
 	// Default 200ms.
 	StoreTimeout time.Duration
+	// HitTTL, if set, is how long a routed hit keeps the matched prefix counted on its endpoint (a Record of
+	// the matched blocks, at most once per HitTTL/4 per endpoint and prefix): vLLM announces nothing on a
+	// cache hit, so without it a hot prefix whose entries became unconfirmed (kvstore.Demoter) would age out
+	// although every request keeps it warm on the engine. The gateway sets it to index_unconfirmed_ttl.
+	HitTTL time.Duration
 }
 
 // Router runs the pipeline. Safe for concurrent use; create with New.
@@ -149,6 +154,9 @@ type Router struct {
 	stage map[string]prometheus.Observer
 	// tokens caches each model's prompt and matched-token counters (Record runs on every request).
 	tokens sync.Map // model name -> *tokenCounters
+
+	hitMu sync.Mutex
+	hits  map[hitKey]time.Time // last routed-hit refresh per (endpoint, last matched block)
 
 	down     atomic.Bool
 	downMu   sync.Mutex
@@ -627,7 +635,17 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 		// from a request whose events are on their way: re-recording it would only cost a shard lock per
 		// block (most of a warm request's blocks). Endpoints without events keep refreshing it, since
 		// speculative entries are all the index knows of them. RATIONALE.md "Per-request overhead".
-		keys = keys[min(cd.GPUBlocks, len(keys)):]
+		matched := keys[:min(cd.GPUBlocks, len(keys))]
+		if r.o.HitTTL > 0 && r.hitDue(ep, matched[len(matched)-1]) {
+			go func() {
+				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				if err := r.o.Index.Record(rctx, model, ep, matched, r.o.HitTTL); err != nil {
+					r.storeError("record", err)
+				}
+			}()
+		}
+		keys = keys[len(matched):]
 		if len(keys) == 0 {
 			return
 		}
@@ -641,6 +659,31 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 		}
 		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
 	}()
+}
+
+// hitKey names one routed prefix on one endpoint (by its last matched block key).
+type hitKey struct {
+	ep  kvstore.EndpointID
+	key kvstore.BlockKey
+}
+
+// maxHits bounds the routed-hit refresh memory; beyond it the map starts over (a few extra refreshes).
+const maxHits = 1 << 16
+
+// hitDue says whether the routed hit on (ep, last) should refresh its prefix now, and notes it.
+func (r *Router) hitDue(ep kvstore.EndpointID, last kvstore.BlockKey) bool {
+	now := r.o.Now()
+	k := hitKey{ep, last}
+	r.hitMu.Lock()
+	defer r.hitMu.Unlock()
+	if t, ok := r.hits[k]; ok && now.Sub(t) < r.o.HitTTL/4 {
+		return false
+	}
+	if r.hits == nil || len(r.hits) >= maxHits {
+		r.hits = map[hitKey]time.Time{}
+	}
+	r.hits[k] = now
+	return true
 }
 
 // tokenCounters are one model's children of kvgate_prompt_tokens_total and kvgate_matched_tokens_total.
