@@ -99,7 +99,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	// A Redis that does not answer at start does not stop the gateway: it serves the config's policy on
 	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
-		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true})
+		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true,
+		MaxKeys: cfg.IndexMaxEntries})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
 	}

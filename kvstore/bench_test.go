@@ -602,3 +602,36 @@ func BenchmarkMemoryRecord(b *testing.B) {
 		})
 	}
 }
+
+var (
+	floodCap   = flag.Int("flood-cap", 1<<20, "BenchmarkMemoryFloodUnderCap: MemoryConfig.MaxKeys (index_max_entries)")
+	floodTotal = flag.Int("flood-blocks", 8<<20, "BenchmarkMemoryFloodUnderCap: distinct blocks flooded")
+)
+
+// BenchmarkMemoryFloodUnderCap (#11 item 6): 8 M distinct blocks flooded into a memory index bounded by
+// -flood-cap (default 1 Mi entries) from 4 endpoints, 16-block events; reports the live heap after GC (MB)
+// and the entries kept. Run with -benchtime 1x.
+func BenchmarkMemoryFloodUnderCap(b *testing.B) {
+	ctx := context.Background()
+	total := *floodTotal
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: *floodCap})
+		ev := make([]kvstore.BlockKey, 16)
+		for i := 0; i < total; i += 16 {
+			for j := range ev {
+				ev[j] = kvstore.BlockKey(uint64(i+j+1) * 0x9e3779b97f4a7c15)
+			}
+			if err := idx.Add(ctx, "bench-model", kvstore.EndpointID(fmt.Sprintf("ep-%d", (i/16)%4)), kvstore.TierGPU, ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/1e6, "heap-MB")
+		b.ReportMetric(float64(idx.Len()), "keys")
+		runtime.KeepAlive(idx)
+	}
+}

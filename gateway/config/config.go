@@ -122,6 +122,10 @@ type Config struct {
 	// release; default 200ms): a hung Redis switches the gateway to store-down routing after about this long
 	// instead of stalling requests.
 	StoreTimeout time.Duration `yaml:"store_timeout"`
+	// IndexMaxEntries bounds the in-memory index's (model, block key) entries; beyond it the least recently
+	// used are evicted (CLOCK, per shard). 0 = kvstore.DefaultMaxKeys (16 Mi, about 1.4 GB). The Redis
+	// index is bounded by Redis's own maxmemory (kvstore/RATIONALE.md).
+	IndexMaxEntries int `yaml:"index_max_entries"`
 
 	// Models are the served models (at least one).
 	Models []Model `yaml:"models"`
@@ -393,6 +397,9 @@ func (c *Config) Validate() error {
 		if d < 0 {
 			bad(key, "must be positive, got %v", d)
 		}
+	}
+	if c.IndexMaxEntries < 0 {
+		bad("index_max_entries", "must not be negative, got %d", c.IndexMaxEntries)
 	}
 	if c.LeaseTTL > 0 && c.LeaseTTL < time.Second {
 		bad("lease_ttl", "want at least 1s, got %v", c.LeaseTTL)
