@@ -200,7 +200,15 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		}
 	}
 	g.eps = endpoints.NewSet(all, up.HTTP(), cfg.ScrapeInterval, log)
-	g.eps.OnStartTime(g.noteStartTime)
+	var routerRef atomic.Pointer[route.Router]
+	g.eps.OnScrape(func(id string, l endpoints.Load) {
+		if l.StartTime != 0 {
+			g.noteStartTime(id, l.StartTime)
+		}
+		if rt := routerRef.Load(); rt != nil {
+			rt.NoteLoad(id, l.Running, l.Waiting, l.Scraped)
+		}
+	})
 	probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)
 	g.eps.ProbeAll(probeCtx)
 	pc()
@@ -224,7 +232,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger, Epocher: epocher,
 		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
-		Metrics: g.metrics, Log: log, StoreTimeout: cfg.StoreTimeout, HitTTL: cfg.IndexUnconfirmedTTL})
+		Metrics: g.metrics, Log: log, StoreTimeout: cfg.StoreTimeout, HitTTL: cfg.IndexUnconfirmedTTL,
+		OnsetHold: 2*cfg.ScrapeInterval + 100*time.Millisecond})
+	routerRef.Store(g.router)
 	if c, ok := st.Redis.(*redis.Client); ok {
 		// A standalone Redis that restarted empty is refused on every new connection until the router has
 		// recovered onto it (gateway/RATIONALE.md); a cluster relies on the router's periodic epoch check.

@@ -145,18 +145,19 @@ type Set struct {
 	interval time.Duration
 	log      *slog.Logger
 	scrapes  atomic.Int64
-	onStart  atomic.Pointer[func(id string, start float64)]
+	onScrape atomic.Pointer[func(id string, l Load)]
 }
 
-// OnStartTime sets f to be called, from the probing goroutine, with every non-zero engine start time a
-// scrape reads (process_start_time_seconds), so a caller can tell a restarted engine at once (kvevents
-// Ingester.NoteInstance). Safe to call at any time; nil removes it.
-func (s *Set) OnStartTime(f func(id string, start float64)) {
+// OnScrape sets f to be called, from the probing goroutine, with the endpoint's Load after every
+// successful metrics scrape: a caller can tell a restarted engine at once from Load.StartTime (kvevents
+// Ingester.NoteInstance) and see the engine's own in-flight count (the router's store-down caps). Safe to
+// call at any time; nil removes it.
+func (s *Set) OnScrape(f func(id string, l Load)) {
 	if f == nil {
-		s.onStart.Store(nil)
+		s.onScrape.Store(nil)
 		return
 	}
-	s.onStart.Store(&f)
+	s.onScrape.Store(&f)
 }
 
 // StartTime scrapes endpoint id's /metrics now and returns its process_start_time_seconds (0 when absent).
@@ -289,6 +290,12 @@ func (s *Set) probe(ctx context.Context, st *state) {
 		return
 	}
 	s.scrapes.Add(1)
+	var after func()
+	defer func() {
+		if after != nil {
+			after() // outside st.mu
+		}
+	}()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	was := st.load.Healthy
@@ -304,8 +311,9 @@ func (s *Set) probe(ctx context.Context, st *state) {
 		st.load.Waiting, st.load.Running, st.load.KVCacheUsage = m.Waiting, m.Running, m.KVCacheUsage
 		st.load.StartTime = m.StartTime
 		st.load.Scraped = time.Now()
-		if f := s.onStart.Load(); f != nil && m.StartTime != 0 {
-			defer (*f)(st.ep.ID, m.StartTime) // after the unlock
+		if f := s.onScrape.Load(); f != nil {
+			id, l := st.ep.ID, st.load
+			after = func() { (*f)(id, l) }
 		}
 	}
 	if was != st.load.Healthy && s.log != nil {

@@ -3,6 +3,7 @@ package route
 import (
 	"math"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/kvstore"
 )
@@ -28,10 +29,38 @@ type ledger struct {
 	// a base of own≈0 against the others' earlier counts would leave no capacity at all).
 	seen map[kvstore.EndpointID]downBase
 	base map[kvstore.EndpointID]downBase // nil while the store is up
+
+	// Onset hold (issue #11 item 5; 0 = off): the shared counters this gateway last read may be stale when
+	// the store fails — another gateway may since have filled the capacity they showed free — so for up to
+	// hold after the failure, until the engine's own load has been scraped after it, a gateway stays within
+	// what it held at the failure (the store granted that: the fleet's holdings then add up to at most the
+	// limit); afterwards the free share is computed from the engine's scraped in-flight count.
+	hold   time.Duration
+	margin time.Duration // a scrape counts as after the failure only this long after it (requests in transit)
+	downAt time.Time
+	engine map[kvstore.EndpointID]engineSeen
 }
 
-// downBase is one endpoint's state when the store went down.
-type downBase struct{ own, others kvstore.Cost }
+// downBase is one endpoint's state when the store went down: own and others at the last read of the shared
+// counters, and atDown, this gateway's own holdings at the failure.
+type downBase struct{ own, others, atDown kvstore.Cost }
+
+// engineSeen is one scrape of an engine's load: its requests running and waiting, this gateway's own
+// in-flight requests on it at that moment, and when.
+type engineSeen struct {
+	inflight, own int64
+	at            time.Time
+}
+
+// noteEngine records a scrape of ep's load (running + waiting requests) taken at.
+func (l *ledger) noteEngine(ep kvstore.EndpointID, inflight int64, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.engine == nil {
+		l.engine = map[kvstore.EndpointID]engineSeen{}
+	}
+	l.engine[ep] = engineSeen{inflight: inflight, own: l.own[ep].Requests, at: at}
+}
 
 func newLedger(share float64) *ledger {
 	return &ledger{share: share, own: map[kvstore.EndpointID]kvstore.Cost{}, claims: map[*Claim]struct{}{},
@@ -114,19 +143,21 @@ func (l *ledger) observe(eps []kvstore.EndpointID, fleet map[kvstore.EndpointID]
 // freeze records the store-down base of every endpoint known. With keep, an existing base is kept instead (a
 // store that fails again while this gateway is still recovering from the previous outage: the fleet's
 // holdings are still bounded by that outage's caps, and the others' counts read since are not trusted).
-func (l *ledger) freeze(keep bool) {
+func (l *ledger) freeze(keep bool, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if keep && l.base != nil {
 		return
 	}
+	l.downAt = now
 	l.base = make(map[kvstore.EndpointID]downBase, len(l.seen)+len(l.own))
 	for e, b := range l.seen {
+		b.atDown = l.own[e]
 		l.base[e] = b
 	}
 	for e, u := range l.own {
 		if _, ok := l.base[e]; !ok {
-			l.base[e] = downBase{own: u}
+			l.base[e] = downBase{own: u, atDown: u}
 		}
 	}
 }
@@ -151,11 +182,31 @@ func (l *ledger) capsLocked(ep kvstore.EndpointID, lim kvstore.Limits) (reqCap, 
 	}
 	b, ok := l.base[ep]
 	if !ok {
-		b = downBase{own: l.own[ep]}
+		b = downBase{own: l.own[ep], atDown: l.own[ep]}
 		l.base[ep] = b
 	}
-	return capOf(lim.MaxRequests, l.share, b.own.Requests, b.others.Requests),
-		capOf(lim.MaxTokens, l.share, b.own.Tokens, b.others.Tokens)
+	reqCap = capOf(lim.MaxRequests, l.share, b.own.Requests, b.others.Requests)
+	tokCap = capOf(lim.MaxTokens, l.share, b.own.Tokens, b.others.Tokens)
+	if l.hold <= 0 || l.downAt.IsZero() {
+		return reqCap, tokCap
+	}
+	es, seen := l.engine[ep]
+	switch {
+	case seen && es.at.After(l.downAt.Add(l.margin)) && lim.MaxRequests > 0:
+		// The engine's load after the failure: everyone's requests on it. Others hold about
+		// inflight − own then; this gateway may add its share of what is free beside them.
+		others := max(es.inflight-es.own, 0)
+		reqCap = min(reqCap, capOf(lim.MaxRequests, l.share, l.own[ep].Requests, others))
+	case time.Since(l.downAt) < l.hold:
+		// Nothing fresh yet: hold at what this gateway held at the failure.
+		if reqCap >= 0 {
+			reqCap = min(reqCap, b.atDown.Requests)
+		}
+		if tokCap >= 0 {
+			tokCap = min(tokCap, b.atDown.Tokens)
+		}
+	}
+	return reqCap, tokCap
 }
 
 // fitsLocked says whether cost more on c stays within its store-down caps. A token cost over the whole token

@@ -46,7 +46,7 @@ func (r *Router) storeFailed(op string, err error) {
 		r.downAt = r.o.Now()
 		// Before the switch, so every store-down reservation sees this outage's base. A failure during the
 		// recovery grace keeps the previous outage's base.
-		r.led.freeze(r.inGrace())
+		r.led.freeze(r.inGrace(), time.Now())
 		r.down.Store(true)
 	}
 	r.downMu.Unlock()

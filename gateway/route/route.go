@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -130,6 +131,11 @@ type Options struct {
 	// cache hit, so without it a hot prefix whose entries became unconfirmed (kvstore.Demoter) would age out
 	// although every request keeps it warm on the engine. The gateway sets it to index_unconfirmed_ttl.
 	HitTTL time.Duration
+	// OnsetHold, if set, keeps this gateway within what it held when the store failed, for up to OnsetHold
+	// or until the engine's load has been scraped after the failure (NoteLoad); the store-down caps then use
+	// that scrape (gateway/route ledger.go, kvstore/RATIONALE.md "Index under faults"). The gateway sets it to
+	// 2 × scrape_interval + 100 ms.
+	OnsetHold time.Duration
 }
 
 // Router runs the pipeline. Safe for concurrent use; create with New.
@@ -188,7 +194,9 @@ func New(o Options) *Router {
 	if o.RecoveryGrace <= 0 {
 		o.RecoveryGrace = max(3*o.StoreProbeInterval, time.Second)
 	}
-	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, led: newLedger(o.StoreDownLimitShare),
+	led := newLedger(o.StoreDownLimitShare)
+	led.hold, led.margin = o.OnsetHold, 50*time.Millisecond
+	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, led: led,
 		stop: make(chan struct{}), stage: map[string]prometheus.Observer{}}
 	for _, st := range []string{metrics.StageTokenize, metrics.StageKeys, metrics.StageMatch, metrics.StageSnapshot,
 		metrics.StageRank, metrics.StageReserve, metrics.StageRecord} {
@@ -208,6 +216,12 @@ func New(o Options) *Router {
 		go r.watchStore()
 	}
 	return r
+}
+
+// NoteLoad records a scrape of endpoint id's engine load (running plus waiting requests, taken at), for the
+// store-down caps at the onset of an outage (Options.OnsetHold). Safe from any goroutine.
+func (r *Router) NoteLoad(id string, running, waiting float64, at time.Time) {
+	r.led.noteEngine(kvstore.EndpointID(id), int64(math.Ceil(running+waiting)), at)
 }
 
 // Close stops the store probe.
