@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -274,5 +275,119 @@ func TestIngestConfigErrorClears(t *testing.T) {
 	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 2 {
 		t.Fatalf("%d blocks", g)
+	}
+}
+
+// adjacentPorts returns a free TCP port p on 127.0.0.1 whose successor p+1 is free too.
+func adjacentPorts(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		l.Close()
+		if err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no two adjacent free ports")
+	return 0
+}
+
+// TestIngestDataParallelRanks (#11 item 2): an engine with two data-parallel ranks, each publishing on its
+// own port (vLLM: port + rank) with its own sequence, through real libzmq publishers. The Ingester keeps a
+// sequence and entries per rank. The events: E(0,dp0) Stored(H), E(0,dp1) Stored(H), E(1,dp1)
+// Removed(H) must leave rank 0 holding H; then interleaved per-rank chains (6 batches each) must all be
+// indexed, with no restart. Before the fix ranks were one engine: rank 1's seq 0 looked like a restart, H
+// was removed for both, and interleaved sequences left 1 of 12 blocks indexed.
+func TestIngestDataParallelRanks(t *testing.T) {
+	pub, router := adjacentPorts(t), adjacentPorts(t)
+	p0, p1 := startPub(t, pub, router), startPub(t, pub+1, router+1)
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	cfg := IngesterConfig{Endpoint: "e0", Model: testModel, EventsAddr: p0.addr(pub), ReplayAddr: p0.addr(router),
+		BlockSize: 16, Hasher: kvstore.Hasher{Seed: 7}, Index: idx, BackoffMin: 20 * time.Millisecond, DataParallelSize: 2}
+	ing, err := NewIngester(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ing.Close() })
+	p0.wait(p0.sub, "rank 0 subscription")
+	p1.wait(p1.sub, "rank 1 subscription")
+	rankBatch := func(r int, evs ...Event) []byte {
+		b := batch(evs...)
+		b.DataParallelRank = &r
+		return mustEncode(t, b, LayoutArrayLast, HashUint)
+	}
+	h := tokens(1, 32)
+	hs, _ := engineHashes(t, h, kvstore.ExtraKeys{})
+	stored := BlockStored{BlockHashes: hs, TokenIDs: h, BlockSize: 16, Medium: "GPU"}
+	p0.pub(0, rankBatch(0, stored))
+	p1.pub(0, rankBatch(1, stored))
+	p1.pub(1, rankBatch(1, BlockRemoved{BlockHashes: hs, Medium: "GPU"}))
+	rankSeq := func(r int, seq uint64) func() bool {
+		return func() bool {
+			rs := ing.RankStats()
+			return rs[r].HaveSeq && rs[r].LastSeq == seq
+		}
+	}
+	waitCond(t, "rank 0 seq 0 and rank 1 seq 1", func() bool { return rankSeq(0, 0)() && rankSeq(1, 1)() })
+	byEp := func(toks []uint32) map[kvstore.EndpointID]int {
+		ms, err := idx.Match(context.Background(), testModel, kvstore.Hasher{Seed: 7}.Keys(toks, 16, kvstore.ExtraKeys{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[kvstore.EndpointID]int{}
+		for _, m := range ms {
+			out[m.Endpoint] = m.GPUBlocks
+		}
+		return out
+	}
+	if got := byEp(h); got["e0/dp0"] != 2 || got["e0/dp1"] != 0 || len(got) != 1 {
+		t.Fatalf("H held by %v, want rank 0 only (2 blocks)", got)
+	}
+	// Interleaved per-rank chains.
+	a, b := tokens(1000, 6*16), tokens(5000, 6*16)
+	ah, _ := engineHashes(t, a, kvstore.ExtraKeys{})
+	bh, _ := engineHashes(t, b, kvstore.ExtraKeys{})
+	block := func(toks []uint32, hs []EngineHash, i int) BlockStored {
+		e := BlockStored{BlockHashes: hs[i : i+1], TokenIDs: toks[16*i : 16*i+16], BlockSize: 16, Medium: "GPU"}
+		if i > 0 {
+			e.ParentBlockHash = &hs[i-1]
+		}
+		return e
+	}
+	for i := range 6 {
+		p0.pub(uint64(1+i), rankBatch(0, block(a, ah, i)))
+		p1.pub(uint64(2+i), rankBatch(1, block(b, bh, i)))
+	}
+	waitCond(t, "both chains", func() bool { return rankSeq(0, 6)() && rankSeq(1, 7)() })
+	if got := byEp(a); got["e0/dp0"] != 6 || len(got) != 1 {
+		t.Fatalf("chain A on %v, want 6 blocks on rank 0", got)
+	}
+	if got := byEp(b); got["e0/dp1"] != 6 || len(got) != 1 {
+		t.Fatalf("chain B on %v, want 6 blocks on rank 1", got)
+	}
+	for r, s := range ing.RankStats() {
+		if s.Restarts != 0 || s.Gaps != 0 || s.Clears != 1 || s.Endpoint != RankEndpoint("e0", r) {
+			t.Fatalf("rank %d stats %+v", r, s)
+		}
+	}
+}
+
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -63,6 +64,11 @@ type IngesterConfig struct {
 	// A value that differs from the last one seen (see Ingester.NoteInstance) means the engine restarted.
 	// An error or "" means unknown and changes nothing.
 	Instance func(ctx context.Context) (string, error)
+	// DataParallelSize, when ≥ 2, says the engine runs that many data-parallel ranks, each publishing on its
+	// own port as vLLM does (EventsAddr's and ReplayAddr's TCP port + rank): the Ingester subscribes to all
+	// of them and keeps, per rank (the batch's data_parallel_rank; none = rank 0), its own sequence, replay,
+	// engine-hash map and index entries, under RankEndpoint(Endpoint, rank). 0 or 1: one engine.
+	DataParallelSize int
 	// KVCacheGroup is the KV-cache group whose events are indexed (vLLM's group_idx, hybrid models: one group
 	// per attention type, each with its own block hashes for the same tokens). Events of other groups are
 	// counted in Stats.OtherGroupEvents and ignored; events without group_idx always apply. Default 0.
@@ -151,6 +157,24 @@ type Stats struct {
 	MappedHashes int
 }
 
+// RankEndpoint names data-parallel rank r of endpoint ep in the index: "<ep>/dp<r>".
+func RankEndpoint(ep kvstore.EndpointID, r int) kvstore.EndpointID {
+	return kvstore.EndpointID(fmt.Sprintf("%s/dp%d", ep, r))
+}
+
+// offsetPort adds r to the TCP port of a "tcp://host:port" address (vLLM's offset_endpoint_port); "" stays "".
+func offsetPort(addr string, r int) (string, error) {
+	if addr == "" || r == 0 {
+		return addr, nil
+	}
+	i := strings.LastIndexByte(addr, ':')
+	port, err := strconv.Atoi(addr[i+1:])
+	if i < 0 || err != nil || !strings.HasPrefix(addr, "tcp://") {
+		return "", fmt.Errorf("%w: address %q: data-parallel ranks need tcp://host:port", ErrConfig, addr)
+	}
+	return addr[:i+1] + strconv.Itoa(port+r), nil
+}
+
 // ErrConfig is wrapped by the errors Start returns for an invalid IngesterConfig.
 var ErrConfig = errors.New("kvevents: invalid ingester config")
 
@@ -192,6 +216,8 @@ type Ingester struct {
 	replaying   bool      // inside replay (no nested replay for a corrupt batch)
 
 	instCh chan string // NoteInstance → the run goroutine
+
+	ranks []*Ingester // DataParallelSize ≥ 2: one (not started) Ingester per rank, fed by this one
 
 	mu    sync.Mutex
 	stats Stats
@@ -238,7 +264,28 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		log = slog.Default()
 	}
 	batcher, _ := cfg.Index.(kvstore.Batcher)
+	var ranks []*Ingester
+	for r := range cfg.DataParallelSize {
+		if cfg.DataParallelSize < 2 {
+			break
+		}
+		if _, err := offsetPort(cfg.EventsAddr, r); err != nil {
+			return nil, err
+		}
+		rc := cfg
+		rc.Endpoint, rc.EventsAddr, rc.Instance, rc.DataParallelSize = RankEndpoint(cfg.Endpoint, r), "", nil, 0
+		var err error
+		if rc.ReplayAddr, err = offsetPort(cfg.ReplayAddr, r); err != nil {
+			return nil, err
+		}
+		ri, err := NewIngester(rc)
+		if err != nil {
+			return nil, err
+		}
+		ranks = append(ranks, ri)
+	}
 	return &Ingester{
+		ranks:   ranks,
 		cfg:     cfg,
 		batcher: batcher,
 		log:     log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
@@ -284,6 +331,21 @@ func (in *Ingester) Stats() Stats {
 	return s
 }
 
+// RankStats returns each data-parallel rank's counters (Endpoint = RankEndpoint(Endpoint, rank),
+// Connected = this Ingester's), or nil without DataParallelSize.
+func (in *Ingester) RankStats() []Stats {
+	if in.ranks == nil {
+		return nil
+	}
+	conn := in.Stats().Connected
+	out := make([]Stats, len(in.ranks))
+	for i, r := range in.ranks {
+		out[i] = r.Stats()
+		out[i].Connected = conn
+	}
+	return out
+}
+
 // NoteInstance tells a started Ingester the engine's instance identity as its health or metrics show it
 // (e.g. process_start_time_seconds). A value different from the last one seen means the engine restarted
 // with an empty cache: the endpoint's entries (speculative ones too) are dropped as soon as the Ingester's goroutine sees the note
@@ -312,6 +374,9 @@ func (in *Ingester) instanceSeen(ctx context.Context, id string) {
 	if id == "" || id == in.instance {
 		return
 	}
+	for _, r := range in.ranks {
+		r.instanceSeen(ctx, id) // every rank restarted with the engine
+	}
 	old := in.instance
 	in.instance = id
 	if old == "" {
@@ -339,7 +404,7 @@ func (in *Ingester) run(ctx context.Context) {
 	first := true
 	for ctx.Err() == nil {
 		sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second))
-		if err := sub.Dial(in.cfg.EventsAddr); err != nil {
+		if err := in.dial(sub); err != nil {
 			_ = sub.Close()
 			in.log.DebugContext(ctx, "kv events dial failed", slog.String("addr", in.cfg.EventsAddr), slog.Any("err", err))
 			select {
@@ -379,6 +444,23 @@ func (in *Ingester) run(ctx context.Context) {
 		_ = sub.Close()
 		in.bump(func(s *Stats) { s.Connected = false })
 	}
+}
+
+// dial connects sub to EventsAddr, or to every data-parallel rank's publisher.
+func (in *Ingester) dial(sub zmq4.Socket) error {
+	if in.ranks == nil {
+		return sub.Dial(in.cfg.EventsAddr)
+	}
+	for r := range in.ranks {
+		addr, err := offsetPort(in.cfg.EventsAddr, r)
+		if err == nil {
+			err = sub.Dial(addr)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // maxQueued is the most received messages applied with one commit (one index call).
@@ -456,6 +538,19 @@ func (in *Ingester) handle(ctx context.Context, seq uint64, payload []byte) {
 // handleQueued is handle without the commit: the batch's index updates stay queued (with those of earlier
 // uncommitted batches) until commit, so several received batches go to the index in one call.
 func (in *Ingester) handleQueued(ctx context.Context, seq uint64, payload []byte) {
+	if in.ranks != nil {
+		// Data-parallel ranks: each has its own sequence; hand the batch to its rank.
+		r := 0
+		if b, err := Decode(payload); err == nil && b.DataParallelRank != nil {
+			r = *b.DataParallelRank
+		}
+		if r < 0 || r >= len(in.ranks) {
+			in.bump(func(s *Stats) { s.BadFrames++ })
+			return
+		}
+		in.ranks[r].handleQueued(ctx, seq, payload)
+		return
+	}
 	have, last := in.seqHave, in.seqLast
 	switch {
 	case !have && seq > 0 && in.cfg.ReplayAddr != "":
@@ -706,6 +801,9 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) bool 
 // commit sends the queued index updates (one Batcher.Apply) and then publishes the applied batches'
 // counters and sequence number in Stats, so Stats.LastSeq never runs ahead of the index.
 func (in *Ingester) commit(ctx context.Context) {
+	for _, r := range in.ranks {
+		r.commit(ctx)
+	}
 	if !in.acc.any && len(in.ops) == 0 {
 		return
 	}
