@@ -68,9 +68,19 @@ func TestIngestTakeoverKeepsHeldBlocks(t *testing.T) {
 	_ = a.Close()
 
 	b := startIngester(t, p, idx, nil)
-	p.wait(p.sub, "second subscription")
-	p.pub(others+1, storeChain(t, tokens(900_000, 16)))
-	s := waitStats(t, b, "the new ingester's first message", seqIs(others+1))
+	// The publisher's XPUB may not report a resubscription to the same topic, so publish until the new
+	// ingester has applied a message (earlier ones are lost to ZMQ's slow joiner, and replayed).
+	seq := uint64(others)
+	deadline := time.Now().Add(10 * time.Second)
+	for !b.Stats().HaveSeq {
+		if time.Now().After(deadline) {
+			t.Fatal("the new ingester never applied a message")
+		}
+		seq++
+		p.pub(seq, storeChain(t, tokens(900_000+int(seq)*100, 16)))
+		time.Sleep(30 * time.Millisecond)
+	}
+	s := waitStats(t, b, "the new ingester's messages", seqIs(seq))
 	if g, _ := match(t, idx, prefix, kvstore.ExtraKeys{}); g != 45 {
 		t.Fatalf("after the takeover P scores %d blocks, want 45 (the engine still holds it); stats %+v", g, s)
 	}
