@@ -12,7 +12,9 @@ import (
 	"github.com/kvgate/kvgate/kvstore"
 )
 
-func entry(v, cfg string) kvstore.PolicyEntry { return kvstore.PolicyEntry{Version: v, Config: []byte(cfg)} }
+func entry(v, cfg string) kvstore.PolicyEntry {
+	return kvstore.PolicyEntry{Version: v, Config: []byte(cfg)}
+}
 
 func stackString(s []kvstore.PolicyEntry) string {
 	out := ""
