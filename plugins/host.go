@@ -173,6 +173,8 @@ type Host struct {
 	logSuppressed atomic.Uint64
 
 	rewarms sync.WaitGroup // Rollback's background re-warms in flight (tests wait for them)
+
+	followMu sync.Mutex // serializes Follow
 }
 
 type version struct {
