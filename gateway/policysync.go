@@ -86,11 +86,11 @@ func newPolicySync(g *Gateway) *policySync {
 		copy: fleetCopy{modules: map[string]kvstore.FleetBlob{}}, kick: make(chan struct{}, 1)}
 }
 
-func (p *policySync) blobs() kvstore.Blobs       { return p.g.store.Blobs }
-func (p *policySync) fleet() kvstore.Policies    { return p.g.store.Policies }
-func (p *policySync) builtin() plugins.Version   { return p.g.host.BuiltinVersion() }
-func (p *policySync) isBuiltin(v string) bool    { return plugins.Version(v) == p.builtin() }
-func (p *policySync) needBlob(v string) bool     { return !p.isBuiltin(v) }
+func (p *policySync) blobs() kvstore.Blobs     { return p.g.store.Blobs }
+func (p *policySync) fleet() kvstore.Policies  { return p.g.store.Policies }
+func (p *policySync) builtin() plugins.Version { return p.g.host.BuiltinVersion() }
+func (p *policySync) isBuiltin(v string) bool  { return plugins.Version(v) == p.builtin() }
+func (p *policySync) needBlob(v string) bool   { return !p.isBuiltin(v) }
 func (p *policySync) entry(e kvstore.PolicyEntry) plugins.Entry {
 	return plugins.Entry{Version: plugins.Version(e.Version), Config: compactJSON(e.Config)}
 }
