@@ -1,13 +1,16 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 	"github.com/kvgate/kvgate/plugins"
 )
@@ -77,9 +80,9 @@ func (f *fleetTest) serves(v plugins.Version, cfg string, gws ...*Gateway) {
 // The A/B case of issue 12: activate p2 through A, roll back through A (the fleet goes to the configured
 // policy), roll back through B: 409 no_previous, and the fleet stays where it is. Then two rollbacks issued at
 // once through A and B from a stack of depth 3 move the fleet back exactly two steps; from depth 2, one of
-// them is refused.
+// them is refused. A third gateway, asked nothing, serves the same throughout.
 func TestFleetRollbackOneAnswer(t *testing.T) {
-	f := newFleet(t, 2)
+	f := newFleet(t, 3)
 	a, b := f.gws[0], f.gws[1]
 	builtin := a.Host().BuiltinVersion()
 	floorCfg := func() string { _, c := a.Host().Active("qwen3"); return string(c) }()
@@ -297,5 +300,73 @@ func TestFleetFailedLoadVisibleAndRetried(t *testing.T) {
 	}
 	if m := servingMetric(t, b); m["qwen3 "+string(v)] != 1 || len(m) != 1 {
 		t.Fatalf("kvgate_policy_serving on b after the retry: %v", m)
+	}
+}
+
+// A rolling upgrade: gateways of the previous release keep each model's active policy as one layout-1 value
+// ({blobs}:active, written with SetActive exactly as they did) and know nothing of the stacks. New gateways keep
+// that value equal to the stack's top, so the old ones follow every change made through a new one; and an
+// activation written by an old gateway is adopted onto the stack once (three new gateways race for it), so the
+// new ones follow it too and a rollback through a new gateway undoes it.
+func TestFleetRollingUpgradeLayout1(t *testing.T) {
+	f := newFleet(t, 3)
+	a := f.gws[0]
+	builtin := a.Host().BuiltinVersion()
+	_, floorCfg := a.Host().Active("qwen3")
+	ctx := context.Background()
+	st := a.store
+	// An old gateway uploads and activates (its policySync: PutBlob, then SetActive of json.Marshal'd
+	// {"version","config"}).
+	sum := plugins.VersionOf("old", plugins.BuiltinWasm)
+	if err := st.Blobs.PutBlob(ctx, string(sum), string(sum)[len("old@"):], plugins.BuiltinWasm); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range f.gws {
+		if !waitFor(30*time.Second, func() bool { return hasVersion(g, sum) }) {
+			t.Fatal("a new gateway never loaded the old gateway's upload")
+		}
+	}
+	old, _ := json.Marshal(struct {
+		Version string          `json:"version"`
+		Config  json.RawMessage `json:"config"`
+	}{string(sum), json.RawMessage(`{"imbalance_threshold":5}`)})
+	if err := st.Blobs.SetActive(ctx, "qwen3", old); err != nil {
+		t.Fatal(err)
+	}
+	f.serves(sum, `{"imbalance_threshold":5}`)
+	time.Sleep(2 * PolicyReconcileInterval)
+	fl, err := st.Policies.ReadFleet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := fl.Stacks["qwen3"]; len(s) != 2 || s[0].Version != string(builtin) || s[1].Version != string(sum) {
+		t.Fatalf("stack after the adoption: %+v", s)
+	}
+	if got, _ := st.Blobs.GetActive(ctx, "qwen3"); string(got) != string(old) {
+		t.Fatalf("the old gateway's value was rewritten: %s", got)
+	}
+	// A rollback through a new gateway: the layout-1 value names the configured policy again, in the form
+	// old gateways parse.
+	if code, body := rollback(t, f.gws[1]); code != 200 {
+		t.Fatalf("rollback: %d %s", code, body)
+	}
+	f.serves(builtin, string(floorCfg))
+	got, err := st.Blobs.GetActive(ctx, "qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var av struct {
+		Version string          `json:"version"`
+		Config  json.RawMessage `json:"config"`
+	}
+	if err := json.Unmarshal(got, &av); err != nil || av.Version != string(builtin) || string(compactJSON(av.Config)) != string(floorCfg) {
+		t.Fatalf("layout-1 value after the rollback: %s (%v)", got, err)
+	}
+	// The old gateway's unload check (the value names the version) and the new one agree: the version is free.
+	if code, body := adminDo(t, a, "DELETE", "/admin/v1/policies/"+string(sum), ""); code != 200 {
+		t.Fatalf("unload: %d %s", code, body)
+	}
+	if _, _, err := st.Blobs.GetBlob(ctx, string(sum)); !errors.Is(err, kvstore.ErrNotFound) {
+		t.Fatalf("blob after unload: %v", err)
 	}
 }
