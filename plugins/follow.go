@@ -21,8 +21,7 @@ func (a *activation) is(e Entry) bool {
 // Follow makes model run what a fleet's store says: active serves (its pool reused when it is the current
 // or the warm activation, else built first, off the request path, and swapped in atomically), and warm (nil:
 // none) is kept built beside it so the store's next rollback is an atomic swap too. The host keeps no history
-// of its own for a followed model: the store's activation stack is the history, and Rollback and
-// SetRollbackFloor are for a host used without one. Follow calls are serialized.
+// of its own: the store's activation stack is the history. Follow calls are serialized.
 //
 // Errors (the model keeps what it ran): ErrUnknownVersion (not loaded here), ErrVersionDisabled,
 // ErrInitFailed (the guest's init rejected the config), ErrBadName, ErrClosed. A warm activation that
@@ -74,7 +73,7 @@ func (h *Host) Follow(model string, active Entry, warm *Entry) error {
 		h.swaps.Add(1)
 		old = append(old, cur)
 	}
-	st.prev, st.older = nil, nil
+	st.prev = nil
 	for _, a := range old {
 		switch {
 		case a == nil || a == next:
