@@ -23,6 +23,11 @@ var (
 	ErrPolicyInUse = errors.New("kvstore: policy version in use")
 )
 
+// FleetStateLayout is the layout of the fleet-state keys (activation stacks, marker, serving reports) inside
+// key layout LayoutVersion; layout 1 was one active value per model, which layout 2 keeps in step with each
+// stack's top for older gateways (RATIONALE.md, "Fleet state").
+const FleetStateLayout = 2
+
 // MaxStackDepth bounds a model's activation stack: an Activate beyond it drops the oldest entry above the
 // floor.
 const MaxStackDepth = 64
