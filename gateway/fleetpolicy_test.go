@@ -370,3 +370,35 @@ func TestFleetRollingUpgradeLayout1(t *testing.T) {
 		t.Fatalf("blob after unload: %v", err)
 	}
 }
+
+// The first new gateway of a rolling upgrade joins a fleet that has only layout-1 state (an old gateway
+// uploaded a module and activated it): the stack it seeds keeps that activation, which it adopts on top of
+// its configured policy, so it serves what the old gateways serve, and a rollback through it returns to the
+// configured policy.
+func TestFleetUpgradeFromLayout1Only(t *testing.T) {
+	f := newFleet(t, 0)
+	ctx := context.Background()
+	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: "redis", Addrs: []string{f.rs.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	v := plugins.VersionOf("old", plugins.BuiltinWasm)
+	if err := st.Blobs.PutBlob(ctx, string(v), string(v)[len("old@"):], plugins.BuiltinWasm); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Blobs.SetActive(ctx, "qwen3", []byte(`{"version":"`+string(v)+`","config":{"match_threshold":0.2}}`)); err != nil {
+		t.Fatal(err)
+	}
+	a := startGateway(t, f.yaml)
+	f.gws = append(f.gws, a)
+	builtin := a.Host().BuiltinVersion()
+	f.serves(v, `{"match_threshold":0.2}`)
+	if code, body := rollback(t, a); code != 200 || !strings.Contains(string(body), string(builtin)) {
+		t.Fatalf("rollback: %d %s", code, body)
+	}
+	f.serves(builtin, `{}`)
+	if code, body := rollback(t, a); code != 409 || adminCode(body) != "no_previous" {
+		t.Fatalf("second rollback: %d %s", code, body)
+	}
+}

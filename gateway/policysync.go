@@ -485,7 +485,9 @@ func (p *policySync) reconcile(ctx context.Context) {
 		p.report(ctx)
 		return
 	}
-	if f.Epoch == "" && p.reseed(ctx, false) {
+	// A store without a marker but with modules or layout-1 values is not one that lost its state (an older
+	// fleet's, or written since): nothing to wait for.
+	if f.Epoch == "" && p.reseed(ctx, len(f.Blobs) > 0 || len(f.Legacy) > 0) {
 		if f, err = p.fleet().ReadFleet(ctx); err != nil {
 			return
 		}

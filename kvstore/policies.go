@@ -106,7 +106,8 @@ type Fleet struct {
 // the second one is refused. Every change notifies "stack:<model>" (or "blob:<name>") on Blobs.Subscribe.
 type Policies interface {
 	// SeedStack creates model's stack as [floor] unless it exists, and returns the stack. needBlob as in
-	// ActivateOptions.
+	// ActivateOptions. A layout-1 active value already stored for model is kept (an older gateway's
+	// activation, for the caller to adopt); otherwise it is set to the floor.
 	SeedStack(ctx context.Context, model string, floor PolicyEntry, needBlob bool) ([]PolicyEntry, error)
 	// Activate pushes e on model's stack and returns the stack. Errors: ErrNoStack, ErrNotFound (NeedBlob
 	// and no such blob), ErrStale (IfLegacy).
@@ -120,8 +121,8 @@ type Policies interface {
 	Unload(ctx context.Context, version string) error
 	// ReadFleet reads the marker, every stack, the layout-1 active values and the blob list at once.
 	ReadFleet(ctx context.Context) (Fleet, error)
-	// Reseed writes st (blobs not stored yet, and the stacks) and sets the fleet-state marker to epoch, in
-	// one step, only when the store has no marker. It returns the marker now in the store and whether this
+	// Reseed writes st (blobs not stored yet, and the stacks; layout-1 values only where none is stored)
+	// and sets the fleet-state marker to epoch, in one step, only when the store has no marker. It returns the marker now in the store and whether this
 	// call set it. A zero st with a fresh marker only names the epoch.
 	Reseed(ctx context.Context, epoch string, st FleetState) (marker string, won bool, err error)
 	// ReportServing stores gateway's report (opaque bytes) for ttl; a report not renewed disappears.
@@ -173,7 +174,7 @@ func (m *MemoryBlobs) SeedStack(_ context.Context, model string, floor PolicyEnt
 		return nil, fmt.Errorf("kvstore: seed stack %s: blob %q: %w", model, floor.Version, ErrNotFound)
 	}
 	m.stacks[model] = cloneStack([]PolicyEntry{floor})
-	m.active[model] = LegacyActiveValue(floor)
+	m.keepLegacy(model, floor)
 	m.notify("stack:" + model)
 	return cloneStack(m.stacks[model]), nil
 }
@@ -229,6 +230,14 @@ func (m *MemoryBlobs) Rollback(_ context.Context, model, ifTop string) ([]Policy
 	m.active[model] = LegacyActiveValue(s[len(s)-1])
 	m.notify("stack:" + model)
 	return cloneStack(s), nil
+}
+
+// keepLegacy writes the layout-1 value of a new stack's top only where an older gateway left none (that
+// value is adopted by the next reconcile).
+func (m *MemoryBlobs) keepLegacy(model string, top PolicyEntry) {
+	if _, ok := m.active[model]; !ok {
+		m.active[model] = LegacyActiveValue(top)
+	}
 }
 
 // Unload implements Policies.
@@ -340,7 +349,7 @@ func (m *MemoryBlobs) Reseed(_ context.Context, epoch string, st FleetState) (st
 	}
 	for model, s := range st.Stacks {
 		m.stacks[model] = cloneStack(s)
-		m.active[model] = LegacyActiveValue(s[len(s)-1])
+		m.keepLegacy(model, s[len(s)-1])
 	}
 	m.notify("fleet:reseeded")
 	return epoch, true, nil

@@ -195,6 +195,13 @@ func RunPolicies(t *testing.T, newStore StoreFactory) {
 		if err := p.Unload(ctx, "b@2"); !errors.As(err, &iu) || iu.Role != "legacy-active" || iu.Model != "old-model" {
 			t.Fatalf("unload of a version a legacy active value names: %v", err)
 		}
+		// A stack seeded where an older gateway left a layout-1 value keeps that value (for adoption).
+		if _, err := p.SeedStack(ctx, "old-model", entry("f@5", "{}"), true); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := s.Blobs.GetActive(ctx, "old-model"); err != nil || string(v) != `{"version":"b@2","config":{}}` {
+			t.Fatalf("legacy value after seeding: %s %v", v, err)
+		}
 		// Adoption of that older gateway's activation: once, and only while its value is unchanged.
 		legacy := []byte(`{"version":"b@2","config":{}}`)
 		if err := s.Blobs.SetActive(ctx, "m", legacy); err != nil {

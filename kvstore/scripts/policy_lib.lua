@@ -16,6 +16,11 @@ end
 local function set_top(model, k)
   redis.call('HSET', p .. 'active', model, legacy(redis.call('LINDEX', k, -1)))
 end
+-- keep_legacy writes the layout-1 value of a new stack's top only where an older gateway left none: an
+-- existing value is that gateway's activation, adopted by the next reconcile (Activate with IfLegacy).
+local function keep_legacy(model, k)
+  redis.call('HSETNX', p .. 'active', model, legacy(redis.call('LINDEX', k, -1)))
+end
 local function stack_reply(k)
   local out = redis.call('LRANGE', k, 0, -1)
   table.insert(out, 1, 'ok')

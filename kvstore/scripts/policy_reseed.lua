@@ -24,7 +24,7 @@ for _ = 1, ns do
   redis.call('RPUSH', k, unpack(ARGV, i, i + n - 1))
   i = i + n
   redis.call('SADD', p .. 'models', m)
-  set_top(m, k)
+  keep_legacy(m, k)
 end
 redis.call('PUBLISH', channel, 'fleet:reseeded')
 return {ARGV[3], 1}

@@ -5,7 +5,7 @@ if redis.call('EXISTS', k) == 0 then
   if ARGV[6] == '1' and redis.call('HEXISTS', KEYS[1], ARGV[5]) == 0 then return {'noblob'} end
   redis.call('RPUSH', k, ARGV[4])
   redis.call('SADD', p .. 'models', ARGV[3])
-  set_top(ARGV[3], k)
+  keep_legacy(ARGV[3], k)
   redis.call('PUBLISH', channel, 'stack:' .. ARGV[3])
 end
 return stack_reply(k)
