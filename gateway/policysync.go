@@ -572,7 +572,7 @@ func (p *policySync) followLocked(model string, st []kvstore.PolicyEntry) {
 		if f := p.failed[top.Version]; f != nil {
 			err = f.err
 		} else {
-			err = fmt.Errorf("gateway: policy %s is not loaded here yet", top.Version)
+			err = errNotLoadedYet
 		}
 		p.mu.Unlock()
 		p.kickLoader()
@@ -602,10 +602,16 @@ func (p *policySync) followStoreLocked(ctx context.Context) {
 	}
 }
 
+// errNotLoadedYet: the stack's top is still being compiled here (the loader was woken).
+var errNotLoadedYet = errors.New("gateway: policy not loaded here yet")
+
 // setStatus records what model should serve here and why it does not (err nil: it does).
 func (p *policySync) setStatus(model, want string, err error) {
 	ms := admin.ModelServing{Want: want}
-	if err != nil {
+	switch {
+	case errors.Is(err, errNotLoadedYet):
+		ms.Error = "loading " + want + " (not compiled here yet)"
+	case err != nil:
 		ms.Error = "failed to load " + want + ": " + err.Error()
 		p.mu.Lock()
 		if f := p.failed[want]; f != nil {
