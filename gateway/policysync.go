@@ -56,6 +56,7 @@ type policySync struct {
 
 	mu       sync.Mutex
 	floors   map[string]kvstore.PolicyEntry // model → the configuration's policy (its stack's floor)
+	floorSet map[string]bool                // models whose floor this gateway has set in the store (reconcile only)
 	failed   map[string]*loadFailure        // versions that failed to load here, retried with backoff
 	loading  map[string]chan struct{}       // versions being loaded, closed when done
 	stored   map[string]uint64              // versions seen in the store → gen when first seen; unloaded once gone
@@ -81,7 +82,7 @@ type fleetCopy struct {
 }
 
 func newPolicySync(g *Gateway) *policySync {
-	return &policySync{g: g, id: g.holder, floors: map[string]kvstore.PolicyEntry{}, failed: map[string]*loadFailure{},
+	return &policySync{g: g, id: g.holder, floors: map[string]kvstore.PolicyEntry{}, floorSet: map[string]bool{}, failed: map[string]*loadFailure{},
 		loading: map[string]chan struct{}{}, stored: map[string]uint64{}, status: map[string]admin.ModelServing{},
 		copy: fleetCopy{modules: map[string]kvstore.FleetBlob{}}, kick: make(chan struct{}, 1)}
 }
@@ -501,12 +502,19 @@ func (p *policySync) reconcile(ctx context.Context) {
 	}
 	for _, m := range p.g.cfg.Models {
 		st, ok := f.Stacks[m.Name]
-		if !ok {
-			if st, err := p.fleet().SeedStack(ctx, m.Name, p.floors[m.Name], p.needBlob(p.floors[m.Name].Version)); err == nil &&
-				!st[0].Equal(p.floors[m.Name]) {
-				p.g.log.Info("the fleet's configured policy differs from this gateway's: the store's history is followed",
-					"model", m.Name, "fleet_floor", st[0].Version, "config", p.floors[m.Name].Version)
+		floor := p.floors[m.Name]
+		if !p.floorSet[m.Name] { // once per start: this gateway's configuration sets the fleet's floor
+			if st2, err := p.fleet().SetFloor(ctx, m.Name, floor, p.needBlob(floor.Version)); err == nil {
+				p.floorSet[m.Name] = true
+				if ok && !st[0].Equal(floor) {
+					p.g.log.Warn("the configured policy (rollback floor) of the fleet's history changed to this gateway's",
+						"model", m.Name, "was", st[0].Version, "now", floor.Version)
+				}
+				st, ok = st2, true
 			}
+		}
+		if !ok {
+			_, _ = p.fleet().SeedStack(ctx, m.Name, floor, p.needBlob(floor.Version)) // store errors: next pass
 			continue
 		}
 		p.adopt(ctx, m.Name, st, f.Legacy[m.Name])

@@ -113,7 +113,8 @@ func TestPolicyUnloadSingleGateway(t *testing.T) {
 // Two gateways on one real redis-server: a version uploaded on A is loaded by B; DELETE on A is refused
 // while the store's history has it active (activated through B), and after that while it is the previous
 // entry (what a rollback returns to); once free, B unloads it within a few reconcile intervals. Uploading the
-// module again brings it back everywhere; a gateway whose config names it follows the fleet's history.
+// module again brings it back everywhere; a gateway started with a config naming it makes it the fleet's
+// configured policy (the floor of the history).
 func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts redis-server")
@@ -188,8 +189,9 @@ func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	}
 
 	// Upload again: both have it back. A third gateway whose config names it starts on a fleet that already
-	// has a history for qwen3 (a's configured policy at its floor): it follows the store's stack, so the
-	// version is history nowhere and a DELETE through a unloads it from all three.
+	// has a history for qwen3: its configuration sets the fleet's floor (the configured policy, where
+	// rollbacks stop) and the active entry above it stays. The floor cannot be unloaded, through any
+	// gateway, and two rollbacks through a reach it on every gateway.
 	upload(a, "shared", plugins.BuiltinWasm)
 	if !waitFor(30*time.Second, func() bool { return hasVersion(b, v) }) {
 		t.Fatal("b never loaded the module uploaded again")
@@ -197,13 +199,20 @@ func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	c := startGateway(t, strings.Replace(yaml, "    queue_timeout: 400ms\n",
 		"    queue_timeout: 400ms\n    policy: {name: shared, config: {imbalance_threshold: 6}}\n", 1))
 	follows(c, builtin, `{"imbalance_threshold":4}`)
-	if st, body := del(c, v); st != 200 {
-		t.Fatalf("DELETE through c: %d %s", st, body)
-	}
-	for i, g := range []*Gateway{a, b, c} {
-		if !waitFor(4*PolicyReconcileInterval, func() bool { return !hasVersion(g, v) }) {
-			t.Fatalf("gateway %d kept the version", i)
+	for _, g := range []*Gateway{a, c} {
+		if st, body := del(g, v); st != 409 || !strings.Contains(string(body), "the configured policy of qwen3") {
+			t.Fatalf("DELETE of the fleet's configured policy: %d %s", st, body)
 		}
 	}
-	follows(c, builtin, `{"imbalance_threshold":4}`)
+	for range 2 {
+		if st, body := adminDo(t, a, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 200 {
+			t.Fatalf("rollback: %d %s", st, body)
+		}
+	}
+	for _, g := range []*Gateway{a, b, c} {
+		follows(g, v, `{"imbalance_threshold":6}`)
+	}
+	if st, body := adminDo(t, b, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 409 || adminCode(body) != "no_previous" {
+		t.Fatalf("rollback past the floor: %d %s", st, body)
+	}
 }

@@ -109,6 +109,9 @@ type Policies interface {
 	// ActivateOptions. A layout-1 active value already stored for model is kept (an older gateway's
 	// activation, for the caller to adopt); otherwise it is set to the floor.
 	SeedStack(ctx context.Context, model string, floor PolicyEntry, needBlob bool) ([]PolicyEntry, error)
+	// SetFloor is SeedStack, except that an existing stack gets floor as its bottom entry (the configuration
+	// changed); with a one-entry stack that changes the active entry too.
+	SetFloor(ctx context.Context, model string, floor PolicyEntry, needBlob bool) ([]PolicyEntry, error)
 	// Activate pushes e on model's stack and returns the stack. Errors: ErrNoStack, ErrNotFound (NeedBlob
 	// and no such blob), ErrStale (IfLegacy).
 	Activate(ctx context.Context, model string, e PolicyEntry, o ActivateOptions) ([]PolicyEntry, error)
@@ -177,6 +180,31 @@ func (m *MemoryBlobs) SeedStack(_ context.Context, model string, floor PolicyEnt
 	m.keepLegacy(model, floor)
 	m.notify("stack:" + model)
 	return cloneStack(m.stacks[model]), nil
+}
+
+// SetFloor implements Policies.
+func (m *MemoryBlobs) SetFloor(ctx context.Context, model string, floor PolicyEntry, needBlob bool) ([]PolicyEntry, error) {
+	if err := checkEntry("set floor", model, floor); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	s, ok := m.stacks[model]
+	if ok {
+		defer m.mu.Unlock()
+		if _, ok := m.blobs[floor.Version]; needBlob && !ok {
+			return nil, fmt.Errorf("kvstore: set floor %s: blob %q: %w", model, floor.Version, ErrNotFound)
+		}
+		if !s[0].Equal(floor) {
+			s[0] = PolicyEntry{Version: floor.Version, Config: slices.Clone(floor.Config)}
+			if len(s) == 1 {
+				m.active[model] = LegacyActiveValue(floor)
+			}
+			m.notify("stack:" + model)
+		}
+		return cloneStack(s), nil
+	}
+	m.mu.Unlock()
+	return m.SeedStack(ctx, model, floor, needBlob)
 }
 
 // Activate implements Policies.

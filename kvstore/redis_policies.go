@@ -16,6 +16,8 @@ var (
 	luaPolicyLib string
 	//go:embed scripts/policy_seed.lua
 	luaPolicySeed string
+	//go:embed scripts/policy_floor.lua
+	luaPolicyFloor string
 	//go:embed scripts/policy_activate.lua
 	luaPolicyActivate string
 	//go:embed scripts/policy_rollback.lua
@@ -30,6 +32,7 @@ var (
 	luaPolicyServing string
 
 	scriptPolicySeed     = redis.NewScript(luaPolicyLib + luaPolicySeed)
+	scriptPolicyFloor    = redis.NewScript(luaPolicyLib + luaPolicyFloor)
 	scriptPolicyActivate = redis.NewScript(luaPolicyLib + luaPolicyActivate)
 	scriptPolicyRollback = redis.NewScript(luaPolicyLib + luaPolicyRollback)
 	scriptPolicyUnload   = redis.NewScript(luaPolicyLib + luaPolicyUnload)
@@ -134,6 +137,18 @@ func (r *RedisBlobs) SeedStack(ctx context.Context, model string, floor PolicyEn
 		return nil, fmt.Errorf("kvstore: redis seed stack: %w", err)
 	}
 	return stackResult("seed stack", model, floor.Version, res)
+}
+
+// SetFloor implements Policies (one EVALSHA).
+func (r *RedisBlobs) SetFloor(ctx context.Context, model string, floor PolicyEntry, needBlob bool) ([]PolicyEntry, error) {
+	if err := checkEntry("set floor", model, floor); err != nil {
+		return nil, err
+	}
+	res, err := r.policyRun(ctx, scriptPolicyFloor, model, entryString(floor), floor.Version, boolArg(needBlob))
+	if err != nil {
+		return nil, fmt.Errorf("kvstore: redis set floor: %w", err)
+	}
+	return stackResult("set floor", model, floor.Version, res)
 }
 
 // Activate implements Policies (one EVALSHA).

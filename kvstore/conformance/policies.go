@@ -70,6 +70,20 @@ func RunPolicies(t *testing.T, newStore StoreFactory) {
 		if _, err := p.Rollback(ctx, "m", ""); !errors.Is(err, kvstore.ErrNoPrevious) {
 			t.Fatalf("rollback at the floor: %v", err)
 		}
+		// SetFloor replaces the bottom entry (the configuration changed); on a one-entry stack that is the
+		// active entry, so the layout-1 value follows.
+		st, err = p.SetFloor(ctx, "m", entry("builtin@0", `{"x":2}`), false)
+		want(t, "set floor", st, err, `builtin@0 {"x":2}`)
+		if v, _ := s.Blobs.GetActive(ctx, "m"); string(v) != `{"version":"builtin@0","config":{"x":2}}` {
+			t.Fatalf("legacy value after set floor: %s", v)
+		}
+		if _, err := p.SetFloor(ctx, "m", entry("up@1", "{}"), true); !errors.Is(err, kvstore.ErrNotFound) {
+			t.Fatalf("set floor naming a blob not stored: %v", err)
+		}
+		st, err = p.SetFloor(ctx, "m", entry("builtin@0", `{"x":1}`), false)
+		want(t, "set floor back", st, err, `builtin@0 {"x":1}`)
+		st, err = p.SetFloor(ctx, "fresh", entry("builtin@0", `{}`), false)
+		want(t, "set floor creates", st, err, `builtin@0 {}`)
 		if _, err := p.Activate(ctx, "m", entry("p1@1", "{}"), kvstore.ActivateOptions{NeedBlob: true}); !errors.Is(err, kvstore.ErrNotFound) {
 			t.Fatalf("activate a version not stored: %v", err)
 		}
@@ -186,6 +200,15 @@ func RunPolicies(t *testing.T, newStore StoreFactory) {
 		}
 		if _, err := p.Activate(ctx, "m", entry("a@1", "{}"), kvstore.ActivateOptions{NeedBlob: true}); !errors.Is(err, kvstore.ErrNotFound) {
 			t.Fatalf("activate an unloaded version: %v", err)
+		}
+		// SetFloor under a deeper stack changes only the bottom entry.
+		st, err := p.SetFloor(ctx, "m", entry("b@2", "{}"), true)
+		want(t, "set floor under a stack", st, err, "b@2 {} | b@2 {} | c@3 {} | d@4 {}")
+		if v, _ := s.Blobs.GetActive(ctx, "m"); string(v) != `{"version":"d@4","config":{}}` {
+			t.Fatalf("legacy value after set floor under a stack: %s", v)
+		}
+		if _, err := p.SetFloor(ctx, "m", entry("f@5", "{}"), true); err != nil {
+			t.Fatal(err)
 		}
 		// A layout-1 active value (an older gateway's) naming a version also keeps it.
 		if err := s.Blobs.SetActive(ctx, "old-model", []byte(`{"version":"b@2","config":{}}`)); err != nil {
