@@ -62,7 +62,8 @@ type Gateway struct {
 	ingMu     sync.Mutex
 	ingesters map[string]*kvevents.Ingester // endpoint → running ingester (this gateway holds its lease)
 	models    map[string]server.ServedModel
-	// policySync propagates admin policy changes through the store (nil with the memory store).
+	// policySync makes the policy host follow the store's fleet state and carries the admin API's policy
+	// operations to it (memory or Redis).
 	policySync *policySync
 	// policyUnconfirmed is set while the gateway, started without its store, serves the config's policies
 	// without having read what the store says is active (/readyz policy_unconfirmed).
@@ -122,9 +123,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
 	}
 
-	// Policies: the config's, then whatever the store says is active (shared by every gateway).
-	// A version the host disables (a runaway or failing policy) has been rolled back locally; storing that
-	// rollback makes every gateway on the store follow and frees the version for unloading.
+	// Policies: the store's fleet state is the one truth (policysync.go); the config's policy is each model's
+	// rollback floor. A version the host disables (a runaway or failing policy) has been rolled back locally;
+	// storing that rollback makes every gateway on the store follow and frees the version for unloading.
 	var syncRef atomic.Pointer[policySync]
 	onDisable := func(v plugins.Version, models []string) {
 		ps := syncRef.Load()
@@ -133,11 +134,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		for _, m := range models {
-			if err := ps.PolicyRolledBack(ctx, m); err != nil {
-				log.Warn("could not store the rollback of a disabled policy", "model", m, "policy", string(v), "error", err.Error())
-			}
-		}
+		ps.rolledBackDisabled(ctx, v, models)
 	}
 	host, err := plugins.New(ctx, plugins.Options{Logger: log, CacheDir: o.PolicyCacheDir, OnDisable: onDisable})
 	if err != nil {
@@ -148,23 +145,16 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: policy host metrics: %w", err)
 	}
 	g.host = host
+	g.holder = holderID()
 	ps := newPolicySync(g)
 	g.policySync = ps
 	syncRef.Store(ps)
-	for _, m := range cfg.Models {
-		if err := g.activateConfigPolicy(ctx, m); err != nil {
-			return nil, err
-		}
-		// The configured policy (with its config) is where rollbacks stop: rolling back from it would
-		// otherwise return the model to the built-in default with no config.
-		if err := g.host.SetRollbackFloor(m.Name); err != nil {
-			return nil, fmt.Errorf("gateway: model %s: policy: %w", m.Name, err)
-		}
+	g.metrics.Registry.MustRegister(servingCollector{ps})
+	if err := ps.start(ctx); err != nil {
+		return nil, err
 	}
 	if g.policyUnconfirmed.Load() {
 		g.wg.Go(func() { g.storeWait(runCtx, ps) })
-	} else {
-		ps.reconcile(ctx)
 	}
 	g.wg.Go(func() { ps.run(runCtx) })
 
@@ -215,7 +205,6 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.wg.Go(func() { g.eps.Run(runCtx) })
 
 	// Event ingestion: one gateway at a time per endpoint, under a store lease.
-	g.holder = holderID()
 	for _, m := range cfg.Models {
 		for _, e := range m.Endpoints {
 			if e.KVEvents == "" {
@@ -262,21 +251,19 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	return g, nil
 }
 
-// activateConfigPolicy activates the policy the config names for m: the built-in three-tier, or a module
-// already uploaded to the store ("name" = its only or latest-listed stored version, "name@sha256-prefix"), with
-// the config's JSON config.
-func (g *Gateway) activateConfigPolicy(ctx context.Context, m config.Model) error {
+// configPolicy returns the entry the config names for m (its stack's floor): the built-in three-tier, or a
+// module already uploaded to the store ("name" = its only stored version, "name@sha256-prefix"), loaded here,
+// with the config's JSON config.
+func (g *Gateway) configPolicy(ctx context.Context, m config.Model) (kvstore.PolicyEntry, error) {
 	name := m.Policy.Name
 	builtin := string(g.host.BuiltinVersion())
+	cfg := compactJSON(m.Policy.ConfigJSON())
 	if name == config.DefaultPolicyName || name == builtin || (strings.Contains(name, "@") && strings.HasPrefix(builtin, name)) {
-		if err := g.host.Activate(m.Name, g.host.BuiltinVersion(), m.Policy.ConfigJSON()); err != nil {
-			return fmt.Errorf("gateway: model %s: policy: %w", m.Name, err)
-		}
-		return nil
+		return kvstore.PolicyEntry{Version: builtin, Config: cfg}, nil
 	}
 	blobs, err := g.store.Blobs.ListBlobs(ctx)
 	if err != nil {
-		return fmt.Errorf("gateway: model %s: policy %q: list stored policies: %w", m.Name, name, err)
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %q: list stored policies: %w", m.Name, name, err)
 	}
 	var found []string
 	for _, b := range blobs {
@@ -285,17 +272,17 @@ func (g *Gateway) activateConfigPolicy(ctx context.Context, m config.Model) erro
 		}
 	}
 	if len(found) != 1 {
-		return fmt.Errorf("gateway: model %s: policy %q matches %d stored versions (upload it with `kvgate policy upload`, or pin name@sha256): %v",
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %q matches %d stored versions (upload it with `kvgate policy upload`, or pin name@sha256): %v",
 			m.Name, name, len(found), found)
 	}
 	if err := g.policySync.ensureLoaded(ctx, found[0]); err != nil {
-		return fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
 	}
-	if err := g.host.Activate(m.Name, plugins.Version(found[0]), m.Policy.ConfigJSON()); err != nil {
-		return fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
-	}
-	return nil
+	return kvstore.PolicyEntry{Version: found[0], Config: cfg}, nil
 }
+
+// ID is this gateway's ID: its ingestion lease holder name and the key of its serving report.
+func (g *Gateway) ID() string { return g.holder }
 
 // Addr is the address the server listens on.
 func (g *Gateway) Addr() string { return g.ln.Addr().String() }
@@ -377,7 +364,7 @@ func (g *Gateway) readyDetails() map[string]any {
 	for _, s := range g.IngestStats() {
 		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.Demotions, s.Restarts, s.ConfigError}
 	}
-	d := map[string]any{"ingestion": out}
+	d := map[string]any{"ingestion": out, "policies": g.policySync.serving()}
 	if g.policyUnconfirmed.Load() {
 		d["policy_unconfirmed"] = true
 	}

@@ -111,9 +111,10 @@ func TestPolicyUnloadSingleGateway(t *testing.T) {
 }
 
 // Two gateways on one real redis-server: a version uploaded on A is loaded by B; DELETE on A is refused
-// while the store names it active (activated through B), and after that while A keeps it warm for a
-// rollback; once free, B unloads it within a few reconcile intervals. A version B still uses (its config
-// names it) stays on B until B stops using it. Uploading the module again brings it back everywhere.
+// while the store's history has it active (activated through B), and after that while it is the previous
+// entry (what a rollback returns to); once free, B unloads it within a few reconcile intervals. Uploading the
+// module again brings it back everywhere; a gateway started with a config naming it makes it the fleet's
+// configured policy (the floor of the history).
 func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts redis-server")
@@ -163,7 +164,7 @@ func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	activate(a, builtin, `{"imbalance_threshold":3}`)
 	follows(b, builtin, `{"imbalance_threshold":3}`)
 	// Now the previous activation on both: kept warm for a rollback.
-	if st, body := del(a, v); st != 409 || !strings.Contains(string(body), "previous activation of qwen3 here") {
+	if st, body := del(a, v); st != 409 || !strings.Contains(string(body), "previous activation of qwen3") {
 		t.Fatalf("DELETE of the previous activation: %d %s", st, body)
 	}
 	activate(a, builtin, `{"imbalance_threshold":4}`)
@@ -187,8 +188,10 @@ func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 		t.Fatal("the unloaded version came back")
 	}
 
-	// Upload again: both have it back. A third gateway whose config names it activates it at start, then
-	// applies the store's active value (the built-in): the version is its warm previous activation.
+	// Upload again: both have it back. A third gateway whose config names it starts on a fleet that already
+	// has a history for qwen3: its configuration sets the fleet's floor (the configured policy, where
+	// rollbacks stop) and the active entry above it stays. The floor cannot be unloaded, through any
+	// gateway, and two rollbacks through a reach it on every gateway.
 	upload(a, "shared", plugins.BuiltinWasm)
 	if !waitFor(30*time.Second, func() bool { return hasVersion(b, v) }) {
 		t.Fatal("b never loaded the module uploaded again")
@@ -196,25 +199,20 @@ func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	c := startGateway(t, strings.Replace(yaml, "    queue_timeout: 400ms\n",
 		"    queue_timeout: 400ms\n    policy: {name: shared, config: {imbalance_threshold: 6}}\n", 1))
 	follows(c, builtin, `{"imbalance_threshold":4}`)
-	// Nothing in the store names it and a does not use it: a and b let it go, c keeps it while it is c's
-	// previous activation.
-	if st, body := del(a, v); st != 200 {
-		t.Fatalf("DELETE while c keeps it warm: %d %s", st, body)
+	for _, g := range []*Gateway{a, c} {
+		if st, body := del(g, v); st != 409 || !strings.Contains(string(body), "the configured policy of qwen3") {
+			t.Fatalf("DELETE of the fleet's configured policy: %d %s", st, body)
+		}
 	}
-	if !waitFor(4*PolicyReconcileInterval, func() bool { return !hasVersion(b, v) }) {
-		t.Fatal("b kept the version")
+	for range 2 {
+		if st, body := adminDo(t, a, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 200 {
+			t.Fatalf("rollback: %d %s", st, body)
+		}
 	}
-	time.Sleep(2 * PolicyReconcileInterval)
-	if !hasVersion(c, v) {
-		t.Fatal("c unloaded its previous activation")
+	for _, g := range []*Gateway{a, b, c} {
+		follows(g, v, `{"imbalance_threshold":6}`)
 	}
-	if st, body := del(c, v); st != 409 || !strings.Contains(string(body), "previous activation of qwen3 here") {
-		t.Fatalf("DELETE on c: %d %s", st, body)
-	}
-	// Once c moves on (the version leaves its warm previous slot), its reconcile unloads it.
-	activate(a, builtin, `{"imbalance_threshold":5}`)
-	follows(c, builtin, `{"imbalance_threshold":5}`)
-	if !waitFor(4*PolicyReconcileInterval, func() bool { return !hasVersion(c, v) }) {
-		t.Fatal("c never unloaded the version once free")
+	if st, body := adminDo(t, b, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 409 || adminCode(body) != "no_previous" {
+		t.Fatalf("rollback past the floor: %d %s", st, body)
 	}
 }

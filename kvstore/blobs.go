@@ -95,6 +95,10 @@ type MemoryBlobs struct {
 	subs   map[chan string]struct{}
 	leases map[string]memNamedLease
 	fence  map[string]int64
+	// Policies (policies.go)
+	stacks  map[string][]PolicyEntry
+	epoch   string
+	serving map[string]memReport
 }
 
 type memBlob struct {
@@ -119,7 +123,8 @@ func NewMemoryBlobs(now func() time.Time) *MemoryBlobs {
 		now = time.Now
 	}
 	return &MemoryBlobs{now: now, blobs: map[string]memBlob{}, active: map[string][]byte{},
-		subs: map[chan string]struct{}{}, leases: map[string]memNamedLease{}, fence: map[string]int64{}}
+		subs: map[chan string]struct{}{}, leases: map[string]memNamedLease{}, fence: map[string]int64{},
+		stacks: map[string][]PolicyEntry{}, serving: map[string]memReport{}}
 }
 
 func (m *MemoryBlobs) notify(msg string) {

@@ -43,6 +43,9 @@ type Store struct {
 	Blobs Blobs
 	// Leases are fenced named leases, e.g. ingestion ownership (the same value as Blobs).
 	Leases Leases
+	// Policies is the fleet's policy state: activation stacks, unload, serving reports, re-seeding (the
+	// same value as Blobs).
+	Policies Policies
 	// Redis is the underlying client (nil for memory), for health details and tests.
 	Redis redis.UniversalClient
 	// StartErr is the failed first ping of a store opened with StoreConfig.AllowUnreachable (nil: it answered).
@@ -63,6 +66,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 			Reservations: NewMemoryReservations(cfg.Now),
 			Blobs:        mb,
 			Leases:       mb,
+			Policies:     mb,
 		}, nil
 	case "redis":
 	default:
@@ -90,7 +94,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Redis: c}
+	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Redis: c}
 	if err := s.Ping(ctx); err != nil {
 		if cfg.AllowUnreachable {
 			s.StartErr = err

@@ -8,8 +8,9 @@
 // entry and loop iteration spends fuel and, every Options.FuelInterval units, calls back into the host,
 // which checks the call's deadline; the embedded built-in runs as shipped. Activate builds a fixed pool of
 // initialised instances for one model and swaps it in atomically; in-flight calls finish on the old pool,
-// which is closed once drained. Rollback restores the model's previous activation (kept warm). Unload
-// forgets a version no model uses.
+// which is closed once drained. Follow makes a model run what a fleet's store names (the top of its
+// activation stack, the entry below kept warm); the host keeps no history of its own. Rollback swaps the
+// warm previous activation back in (one step). Unload forgets a version no model runs or keeps warm.
 //
 // Rank never fails: on a trap, a missed deadline, a guest error code or an invalid ranking it returns the
 // native three-tier ranking (package threetier, same code as the built-in module) and counts why. Calls

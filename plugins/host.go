@@ -172,7 +172,7 @@ type Host struct {
 	logLast       atomic.Int64 // unix nanos of the last fallback log record
 	logSuppressed atomic.Uint64
 
-	rewarms sync.WaitGroup // Rollback's background re-warms in flight (tests wait for them)
+	followMu sync.Mutex // serializes Follow
 }
 
 type version struct {
@@ -214,19 +214,11 @@ func (ver *version) closeCompiled() {
 	ver.closeOnce.Do(func() { _ = ver.compiled.Close(context.Background()) })
 }
 
+// modelState is what runs for one model: the active activation and one warm activation (what a rollback or
+// a disabled version falls back to). The history itself is the store's (Follow), not the host's.
 type modelState struct {
 	active atomic.Pointer[activation] // nil: the built-in default serves
 	prev   *activation                // kept warm for Rollback and timeout deactivation; guarded by Host.mu
-	older  []savedActivation          // earlier (version, config) pairs, rebuilt on demand; guarded by Host.mu
-	floor  bool                       // Rollback never returns to the built-in default (SetRollbackFloor); guarded by Host.mu
-	// warming is closed when the background re-warm of the previous activation ends (nil: none under
-	// way); Rollback waits for it instead of skipping the history. Guarded by Host.mu.
-	warming chan struct{}
-}
-
-type savedActivation struct {
-	ver    *version
-	config []byte
 }
 
 // New starts a host and compiles the embedded built-in policy (about 0.6 s cold; a few ms from a warm
@@ -353,7 +345,8 @@ func (h *Host) load(ctx context.Context, name string, wasm []byte, trusted bool)
 
 // Activate makes version v, initialised with configJSON, the policy of model: it builds a pool of
 // instances (each runs the guest's init with the config), then swaps it in. Calls in flight finish on
-// the previous activation, which is kept warm for Rollback; the one before that is closed once drained.
+// the previous activation, which is kept warm for Rollback; the one before that is closed once drained
+// (the host keeps no longer history: a fleet's history lives in its store, see Follow).
 func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 	if h.closed.Load() {
 		return ErrClosed
@@ -388,7 +381,6 @@ func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 	h.swaps.Add(1)
 	if old != nil {
 		if st.prev != nil {
-			st.older = append(st.older, savedActivation{ver: st.prev.ver, config: st.prev.config})
 			st.prev.retire()
 		}
 		st.prev = old
@@ -398,49 +390,22 @@ func (h *Host) Activate(model string, v Version, configJSON []byte) error {
 	return nil
 }
 
-// Rollback makes model's previous activation active again (the current one is closed once drained).
-// With no previous activation the model goes back to the built-in default, unless SetRollbackFloor was
-// called for it; with none active at all, or at the floor, it returns ErrNoPrevious. The activation before
-// the previous one is rebuilt in the background so the next Rollback is instant too; a Rollback issued
-// while that rebuild runs waits for it (a pool's instantiation, milliseconds) rather than skip it.
+// Rollback makes model's warm previous activation active again (the current one is closed once drained);
+// with none, the model goes back to the built-in default. With nothing active it returns ErrNoPrevious. One
+// step only: the host keeps no longer history (a gateway's history is its store's activation stack, which it
+// follows with Follow).
 func (h *Host) Rollback(model string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := (*h.models.Load())[model]
-	for st != nil && st.prev == nil && st.warming != nil { // the previous activation is being rebuilt
-		w := st.warming
-		h.mu.Unlock()
-		<-w
-		h.mu.Lock()
-	}
-	if st == nil || st.active.Load() == nil || (st.floor && st.prev == nil) {
+	if st == nil || st.active.Load() == nil {
 		return fmt.Errorf("plugins: rollback %s: %w", model, ErrNoPrevious)
 	}
 	h.rollbackLocked(model, st, st.active.Load())
 	return nil
 }
 
-// SetRollbackFloor makes model's current activation the oldest one Rollback returns to: from then on,
-// Rollback with no previous activation returns ErrNoPrevious instead of returning the model to the built-in
-// default with no config. The gateway calls it after activating each model's configured policy, so an
-// operator's rollback never silently drops the configuration's policy config. A version disabled after
-// missed deadlines still falls back to the built-in default (safety before history). Errors: ErrClosed,
-// ErrNoPrevious when model has no activation.
-func (h *Host) SetRollbackFloor(model string) error {
-	if h.closed.Load() {
-		return ErrClosed
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	st := (*h.models.Load())[model]
-	if st == nil || st.active.Load() == nil {
-		return fmt.Errorf("plugins: rollback floor %s: %w", model, ErrNoPrevious)
-	}
-	st.floor = true
-	return nil
-}
-
-// rollbackLocked replaces cur (if it is still active) by the previous activation and retires cur.
+// rollbackLocked replaces cur (if it is still active) by the warm previous activation and retires cur.
 func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 	if st.active.Load() != cur {
 		return
@@ -450,39 +415,6 @@ func (h *Host) rollbackLocked(model string, st *modelState, cur *activation) {
 	st.active.Store(next)
 	h.swaps.Add(1)
 	cur.retire()
-	// Re-warm the one before, off the request path, so a second rollback is also instant. Only when the
-	// model is left on an activation (from the built-in default Rollback goes nowhere), and only while that
-	// activation is still the model's: otherwise the warm pool would be unreachable and pin its version.
-	if n := len(st.older); n > 0 && next != nil {
-		at, saved := n-1, st.older[n-1]
-		st.older = st.older[:n-1]
-		if !saved.ver.disabled.Load() {
-			done := make(chan struct{})
-			st.warming = done
-			h.rewarms.Go(func() {
-				a, err := h.newActivation(context.Background(), model, saved.ver, saved.config)
-				h.mu.Lock()
-				defer h.mu.Unlock()
-				if st.warming == done {
-					st.warming = nil
-				}
-				close(done)
-				if err != nil {
-					return
-				}
-				usable := !h.closed.Load() && !saved.ver.unloaded.Load() && !saved.ver.disabled.Load()
-				switch {
-				case usable && st.prev == nil && st.active.Load() == next:
-					st.prev = a
-				case usable: // the model moved on meanwhile (an Activate): saved stays history, where it was
-					a.retire()
-					st.older = slices.Insert(st.older, min(at, len(st.older)), saved)
-				default:
-					a.retire()
-				}
-			})
-		}
-	}
 	to := string(h.builtinVer)
 	if next != nil {
 		to = string(next.ver.v)
@@ -534,9 +466,8 @@ func (h *Host) disable(ver *version, why string) {
 
 // Unload forgets version v: it is no longer listed nor activatable, and its compiled code is freed once
 // no activation of it is left. A version active for some model, or kept warm as a model's previous
-// activation (what Rollback returns to), cannot be unloaded; entries of a model's older rollback history
-// that name it are dropped. Errors: ErrUnknownVersion, ErrVersionInUse (also for the built-in),
-// ErrClosed.
+// activation (what Rollback returns to), cannot be unloaded. Errors: ErrUnknownVersion, ErrVersionInUse
+// (also for the built-in), ErrClosed.
 func (h *Host) Unload(v Version) error {
 	if h.closed.Load() {
 		return ErrClosed
@@ -558,9 +489,6 @@ func (h *Host) Unload(v Version) error {
 		if st.prev != nil && st.prev.ver == ver {
 			return fmt.Errorf("plugins: unload %s: %w: previous activation of %s", v, ErrVersionInUse, model)
 		}
-	}
-	for _, st := range *h.models.Load() {
-		st.older = slices.DeleteFunc(st.older, func(s savedActivation) bool { return s.ver == ver })
 	}
 	delete(h.versions, v)
 	ver.unloaded.Store(true)

@@ -13,19 +13,17 @@ import (
 	"time"
 )
 
-// settled waits for Rollback's background re-warms and returns st.prev.
+// settled returns st.prev.
 func settled(h *Host, st *modelState) *activation {
-	h.rewarms.Wait()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return st.prev
 }
 
 // TestRollbackToDefaultKeepsNothingWarm: a rollback that returns a model to the built-in default (its
-// previous activation was disabled) must not re-warm an older version as the model's "previous"
-// activation. Before the fix the background re-warm installed it anyway: a pool of instances that no
-// Rollback could reach (Rollback from the default is refused) and that made Unload of the version fail
-// with ErrVersionInUse until two more activations pushed it out.
+// previous activation was disabled) leaves nothing warm and no older version held: the host keeps no
+// history beyond its one warm activation (an earlier design re-warmed older versions in the background and
+// once left such a pool unreachable, pinning its version against Unload).
 func TestRollbackToDefaultKeepsNothingWarm(t *testing.T) {
 	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 2})
 	wasm := readWasm(t, "good")
@@ -63,72 +61,9 @@ func TestRollbackToDefaultKeepsNothingWarm(t *testing.T) {
 	}
 }
 
-// TestSecondRollbackWaitsForRewarm: two rollbacks in a row, the second one issued while the first one's
-// background re-warm of the older version is still running, land on that older version (the history), with
-// and without a rollback floor. Before the fix the second rollback found no warm previous activation and
-// sent the model to the built-in default with no config (or, at a floor, was refused with ErrNoPrevious),
-// and the re-warm then installed its pool as the previous activation of a model serving the default (an
-// unreachable pool that pinned its version against Unload).
-func TestSecondRollbackWaitsForRewarm(t *testing.T) {
-	for _, floor := range []bool{false, true} {
-		t.Run(fmt.Sprintf("floor=%v", floor), func(t *testing.T) {
-			h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
-			wasm := readWasm(t, "good")
-			var vs [3]Version
-			for i, name := range []string{"a", "b", "c"} {
-				v, _, err := h.Load(name, wasm)
-				if err != nil {
-					t.Fatal(err)
-				}
-				vs[i] = v
-				if err := h.Activate("m", v, []byte(name)); err != nil {
-					t.Fatal(err)
-				}
-				if i == 0 && floor {
-					if err := h.SetRollbackFloor("m"); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			if err := h.Rollback("m"); err != nil { // c -> b; a is re-warmed in the background
-				t.Fatal(err)
-			}
-			if err := h.Rollback("m"); err != nil { // b -> a, at once
-				t.Fatalf("second rollback: %v", err)
-			}
-			if v, cfg := h.Active("m"); v != vs[0] || string(cfg) != "a" {
-				t.Fatalf("after two rollbacks: %s %q, want %s", v, cfg, vs[0])
-			}
-			st := (*h.models.Load())["m"]
-			if prev := settled(h, st); prev != nil {
-				t.Fatalf("%s kept warm behind the oldest activation", prev.ver.v)
-			}
-			for i, v := range vs {
-				want := int64(0)
-				if i == 0 {
-					want = 1 // active
-				}
-				if n := h.versions[v].live.Load(); n != want {
-					t.Errorf("%s: %d activations left, want %d", v, n, want)
-				}
-			}
-			if err := h.Unload(vs[1]); err != nil {
-				t.Errorf("unload b: %v", err)
-			}
-			if err := h.Unload(vs[2]); err != nil {
-				t.Errorf("unload c: %v", err)
-			}
-			err := h.Rollback("m")
-			if v, _ := h.Active("m"); floor && (!errors.Is(err, ErrNoPrevious) || v != vs[0]) ||
-				!floor && (err != nil || v != h.BuiltinVersion()) {
-				t.Errorf("third rollback: %v, active %s", err, v)
-			}
-		})
-	}
-}
-
 // TestLifecycleStress: callers rank (including calls that trap, so instances are replaced in the
-// background) while another goroutine activates, rolls back, unloads and reloads versions of two models.
+// background) while another goroutine activates, rolls back, follows, unloads and reloads versions of two
+// models.
 // Afterwards every version's live count equals the activations that still reference it (active or kept
 // warm): no retired activation is left holding a version (which would keep its compiled code forever),
 // and no count went negative.
@@ -166,6 +101,9 @@ func TestLifecycleStress(t *testing.T) {
 		if i%4 == 3 {
 			_ = h.Rollback(model)
 			_ = h.Rollback(model)
+		}
+		if i%6 == 5 { // as a gateway follows its store: the other model gets v, with the built-in warm
+			_ = h.Follow(models[(i+1)%2], Entry{Version: v, Config: []byte("{}")}, &Entry{Version: h.BuiltinVersion(), Config: []byte("{}")})
 		}
 		for _, vi := range h.Versions() {
 			if !vi.Builtin && len(vi.ActiveFor) == 0 {
@@ -295,55 +233,6 @@ func TestUnloadWhileActivating(t *testing.T) {
 	}
 }
 
-// TestActivateDuringRewarmKeepsHistory: an activation made while a rollback's background re-warm runs
-// pushes the re-warmed version back into the history instead of dropping it, so later rollbacks still
-// reach it (here: the rollback floor). Before the fix the re-warmed pool was retired and the version
-// forgotten: rollbacks stopped one short of the floor with ErrNoPrevious.
-func TestActivateDuringRewarmKeepsHistory(t *testing.T) {
-	h := newTestHost(t, Options{Logger: quietLogger(), PoolSize: 8})
-	a, _, err := h.Load("uploaded-three-tier", BuiltinWasm) // slow to warm: a Go guest
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Activate("m", a, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.SetRollbackFloor("m"); err != nil {
-		t.Fatal(err)
-	}
-	var vs []Version
-	for _, name := range []string{"b", "c", "d"} {
-		v, _, err := h.Load(name, readWasm(t, "good"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		vs = append(vs, v)
-	}
-	for _, v := range vs[:2] {
-		if err := h.Activate("m", v, nil); err != nil { // m: c active, b previous, a (floor) in the history
-			t.Fatal(err)
-		}
-	}
-	if err := h.Rollback("m"); err != nil { // c -> b; a re-warms in the background
-		t.Fatal(err)
-	}
-	if err := h.Activate("m", vs[2], nil); err != nil { // d, while a re-warms
-		t.Fatal(err)
-	}
-	settled(h, (*h.models.Load())["m"])
-	for i, want := range []Version{vs[0], a} {
-		if err := h.Rollback("m"); err != nil {
-			t.Fatalf("rollback %d: %v", i+1, err)
-		}
-		if v, _ := h.Active("m"); v != want {
-			t.Fatalf("rollback %d: active %s, want %s", i+1, v, want)
-		}
-	}
-	if err := h.Rollback("m"); !errors.Is(err, ErrNoPrevious) {
-		t.Fatalf("rollback past the floor: %v", err)
-	}
-}
-
 // TestDisabledVersionNotRebuilt: a missed deadline that disables its version (here the first miss, with
 // MaxConsecutiveMisses 1) does not rebuild the discarded instance in the background: the activation is
 // retired, so a new instance (a Go guest's runtime start, metered: many refills; up to InitTimeout for a
@@ -438,12 +327,11 @@ func rankUntilStopped(t *testing.T, h *Host, callers int, models []string, seqFo
 	return func() { close(done); wg.Wait() }
 }
 
-// checkLiveCounts waits for re-warms and background replacements, then checks that every version (seen,
+// checkLiveCounts waits for background replacements, then checks that every version (seen,
 // loaded, or referenced by a model) has a live count equal to the activations referencing it (active or
 // kept warm), and that no disabled version serves or is kept warm.
 func checkLiveCounts(t *testing.T, h *Host, seen map[*version]bool) {
 	t.Helper()
-	h.rewarms.Wait()
 	var bad string
 	for end := time.Now().Add(5 * time.Second); ; {
 		bad = ""

@@ -8,8 +8,8 @@ import (
 )
 
 // TestUnload: a version in use (active, kept warm for rollback, or the built-in) is refused; an unused one
-// disappears from Versions, cannot be activated, and can be loaded again; unloading a version in a model's
-// older rollback history drops it from that history.
+// (here one two activations back: the host keeps only one warm activation) disappears from Versions, cannot
+// be activated, and can be loaded again.
 func TestUnload(t *testing.T) {
 	h := newTestHost(t, Options{Logger: quietLogger()})
 	good, _, err := h.Load("good", readWasm(t, "good"))
@@ -26,7 +26,7 @@ func TestUnload(t *testing.T) {
 	if err := h.Unload("nope@00"); !errors.Is(err, ErrUnknownVersion) {
 		t.Fatalf("unknown: %v", err)
 	}
-	// m: good (older history), then built-in (previous), then bomb (active).
+	// m: good (retired), then built-in (previous, warm), then bomb (active).
 	for _, v := range []Version{good, h.BuiltinVersion(), bomb} {
 		if err := h.Activate("m", v, nil); err != nil {
 			t.Fatal(err)
@@ -35,8 +35,8 @@ func TestUnload(t *testing.T) {
 	if err := h.Unload(bomb); !errors.Is(err, ErrVersionInUse) {
 		t.Fatalf("active: %v", err)
 	}
-	if err := h.Unload(good); err != nil { // only in m's older history
-		t.Fatalf("in history: %v", err)
+	if err := h.Unload(good); err != nil { // no longer held by m
+		t.Fatalf("retired: %v", err)
 	}
 	if slices.ContainsFunc(h.Versions(), func(v VersionInfo) bool { return v.Version == good }) {
 		t.Fatal("unloaded version still listed")
@@ -44,8 +44,8 @@ func TestUnload(t *testing.T) {
 	if err := h.Activate("m", good, nil); !errors.Is(err, ErrUnknownVersion) {
 		t.Fatalf("activate unloaded: %v", err)
 	}
-	// Rollback: bomb → built-in; the history no longer holds good, so a second rollback has nowhere to go
-	// but the default (the built-in with no activation).
+	// Rollback: bomb → built-in (the warm one); a second rollback would go to the default (the built-in
+	// with no activation).
 	if err := h.Rollback("m"); err != nil {
 		t.Fatal(err)
 	}

@@ -183,7 +183,7 @@ func policyAdminCmds() []*cobra.Command {
 	rb.flags(rollback)
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List a gateway's loaded policy versions and each model's active one",
+		Short: "List a gateway's loaded policy versions, what it serves per model, and the fleet's view (each model's history and the gateways that disagree, with why)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return ls.do(cmd.Context(), cmd.OutOrStdout(), http.MethodGet, "/admin/v1/policies", "", nil)
@@ -195,8 +195,8 @@ func policyAdminCmds() []*cobra.Command {
 		Short: "Unload a policy version from a gateway and remove it from the store (every gateway on the store drops it); refused while in use",
 		Long: "Unload a policy version (a unique prefix of ≥ 8 hex digits will do): the gateway forgets it and removes\n" +
 			"its stored module, so the other gateways on the same store unload it too. Refused (409 policy_in_use)\n" +
-			"while it is active for a model, kept as a model's previous activation (what rollback returns to), named\n" +
-			"by a model's active policy in the store, or the built-in default.",
+			"while it is active for a model, its previous activation (what rollback returns to), a model's configured\n" +
+			"policy, named by an older gateway's active value, or the built-in default.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return ul.do(cmd.Context(), cmd.OutOrStdout(), http.MethodDelete, "/admin/v1/policies/"+url.PathEscape(args[0]), "", nil)

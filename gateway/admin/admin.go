@@ -4,17 +4,20 @@
 //	PUT  /admin/v1/policies/{name}      body: a Wasm module (≤ max_policy_bytes) → 201 + validation report
 //	GET  /admin/v1/policies             loaded versions and each model's active version and config
 //	POST /admin/v1/policies/activate    {"model","version":"name@sha256","config":{...}} → 200
-//	POST /admin/v1/policies/rollback    {"model"} → 200 with the version now active
+//	POST /admin/v1/policies/rollback    {"model"} → 200 with the version now active; 409 no_previous
 //	DELETE /admin/v1/policies/{version} → 200 {"version","unloaded":true}; 404 policy_not_found,
-//	                                    409 policy_in_use (active or kept for rollback somewhere, or built in)
+//	                                    409 policy_in_use (active, previous or configured policy of a model's
+//	                                    stack, or built in)
 //	POST /admin/v1/route                a chat or completions body → the routing decision, not forwarded
 //
 // A version is "name@" + the module's lowercase hex sha256; activate and DELETE accept a unique prefix of
 // at least 8 hex digits. Errors use the OpenAI error shape.
 //
-// DELETE unloads the version here and removes its stored module (Sync), so the other gateways on the store
-// unload it too on their next reconcile; it is refused while the version is active or kept warm for a
-// rollback on this gateway, or named by some model's active value in the store.
+// With a Sync (every gateway), activate, rollback and DELETE are one atomic step each on the store's fleet
+// state (each model's activation stack), so every gateway gives the same answer and follows the result:
+// DELETE removes the stored module and the stack entries naming it, refused while it is a stack's active
+// or previous entry or its floor (the configured policy). GET adds "fleet": each model's stack and the
+// gateways that do not serve its active version, and why.
 package admin
 
 import (
@@ -31,6 +34,7 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/plugins/threetier"
 )
@@ -47,21 +51,56 @@ type Host interface {
 	Unload(v plugins.Version) error
 }
 
-// Sync publishes policy changes to the other gateways sharing the store (nil: a single gateway). Each call
-// happens after the local host accepted the change.
+// Sync carries policy operations to the store's fleet state, the one truth every gateway sharing the store
+// follows (nil: a single gateway without a store, driving Host directly).
 type Sync interface {
+	// PolicyLoaded stores an accepted module so every gateway loads it.
 	PolicyLoaded(ctx context.Context, name string, wasm []byte) error
-	PolicyActivated(ctx context.Context, model string, v plugins.Version, configJSON []byte) error
-	PolicyRolledBack(ctx context.Context, model string) error
 	// StoredVersions lists the versions stored for every gateway, loaded here or not (still compiling, or
 	// failed to load here), so DELETE can remove those too.
 	StoredVersions(ctx context.Context) ([]plugins.Version, error)
-	// StoredActiveFor returns the models, sorted, whose active value in the store names v (another gateway
-	// may have activated it before this one applied it).
-	StoredActiveFor(ctx context.Context, v plugins.Version) ([]string, error)
-	// PolicyUnloaded removes v's stored module after the local host unloaded it (or never had it), so the
-	// other gateways unload it too. A version that is not stored is not an error.
-	PolicyUnloaded(ctx context.Context, v plugins.Version) error
+	// Activate builds (v, configJSON) here, then pushes it on model's activation stack in the store. Errors:
+	// the host's (plugins.ErrInitFailed, ErrUnknownVersion, ErrVersionDisabled), kvstore.ErrNotFound (the
+	// module is no longer stored), other errors: the store is unavailable.
+	Activate(ctx context.Context, model string, v plugins.Version, configJSON []byte) error
+	// Rollback pops model's stack in the store (one step for the whole fleet) and returns the version now
+	// active. kvstore.ErrNoPrevious at the configured policy.
+	Rollback(ctx context.Context, model string) (plugins.Version, error)
+	// Unload removes v from the store and then from this gateway. Errors: kvstore.ErrNotFound (not stored),
+	// *kvstore.PolicyInUseError (active, previous or floor of a model's stack, or named by an older gateway).
+	Unload(ctx context.Context, v plugins.Version) error
+	// Fleet is the fleet's view per configured model: the store's stack and every live gateway's report.
+	Fleet(ctx context.Context) (map[string]FleetModel, error)
+}
+
+// ModelServing is what one gateway serves for one model, what the store says it should, and why not.
+type ModelServing struct {
+	Serving     string `json:"serving"`                // the version it serves
+	Want        string `json:"want"`                   // the store's active version
+	Error       string `json:"error,omitempty"`        // why it does not serve Want ("failed to load …: cause")
+	Attempts    int    `json:"attempts,omitempty"`     // failed load attempts of Want so far
+	NextAttempt string `json:"next_attempt,omitempty"` // RFC 3339: when the load is tried again
+}
+
+// FleetEntry is one entry of a model's activation stack.
+type FleetEntry struct {
+	Version plugins.Version `json:"version"`
+	Config  json.RawMessage `json:"config"`
+}
+
+// Disagreement is a gateway that does not serve its model's active version, and why.
+type Disagreement struct {
+	Gateway string `json:"gateway"`
+	Serving string `json:"serving"`
+	Error   string `json:"error"`
+}
+
+// FleetModel is one model in the "fleet" part of GET /admin/v1/policies.
+type FleetModel struct {
+	Active   plugins.Version         `json:"active"`   // the top of the stack
+	Stack    []FleetEntry            `json:"stack"`    // oldest first; the first entry is the configured policy (the floor)
+	Gateways map[string]ModelServing `json:"gateways"` // by gateway ID, every gateway with a live report
+	Disagree []Disagreement          `json:"disagree"` // the gateways not serving Active, sorted by ID
 }
 
 // Model is one served model for explain.
@@ -191,8 +230,9 @@ type ActiveInfo struct {
 
 // ListResponse is the body of GET /admin/v1/policies.
 type ListResponse struct {
-	Versions []VersionJSON         `json:"versions"` // every loaded version, sorted
-	Active   map[string]ActiveInfo `json:"active"`   // by model
+	Versions []VersionJSON         `json:"versions"`        // every version loaded here, sorted
+	Active   map[string]ActiveInfo `json:"active"`          // by model: what this gateway serves
+	Fleet    map[string]FleetModel `json:"fleet,omitempty"` // by model: the store's view (with a Sync)
 }
 
 func (a *API) list(c *fiber.Ctx) error {
@@ -208,6 +248,13 @@ func (a *API) list(c *fiber.Ctx) error {
 			cfg = []byte("null")
 		}
 		out.Active[m] = ActiveInfo{Version: v, Config: cfg}
+	}
+	if a.Sync != nil {
+		fleet, err := a.Sync.Fleet(c.UserContext())
+		if err != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Cannot read the fleet's policy state: %v", err))
+		}
+		out.Fleet = fleet
 	}
 	return c.JSON(out)
 }
@@ -276,7 +323,11 @@ func (a *API) activate(c *fiber.Ctx) error {
 	if len(cfg) == 0 || string(cfg) == "null" {
 		cfg = []byte("{}")
 	}
-	if err := a.Host.Activate(req.Model, v, cfg); err != nil {
+	activate := func() error { return a.Host.Activate(req.Model, v, cfg) }
+	if a.Sync != nil {
+		activate = func() error { return a.Sync.Activate(c.UserContext(), req.Model, v, cfg) }
+	}
+	if err := activate(); err != nil {
 		switch {
 		case errors.Is(err, plugins.ErrVersionDisabled):
 			return fail(c, openai.Errorf(409, "invalid_request_error", "version", "policy_disabled",
@@ -285,13 +336,14 @@ func (a *API) activate(c *fiber.Ctx) error {
 			return fail(c, openai.Errorf(404, "invalid_request_error", "version", "policy_not_found", "%v", err))
 		case errors.Is(err, plugins.ErrInitFailed):
 			return fail(c, openai.Errorf(400, "invalid_request_error", "config", "policy_init_failed", "%v", err))
+		case errors.Is(err, kvstore.ErrNotFound):
+			return fail(c, openai.Errorf(404, "invalid_request_error", "version", "policy_not_found",
+				"%s is no longer stored (unloaded through another gateway?): %v", v, err))
+		}
+		if a.Sync != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Not activated: the store did not take it: %v", err))
 		}
 		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
-	}
-	if a.Sync != nil {
-		if err := a.Sync.PolicyActivated(c.UserContext(), req.Model, v, cfg); err != nil {
-			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Activated here but not stored: %v", err))
-		}
 	}
 	return c.JSON(fiber.Map{"model": req.Model, "version": v})
 }
@@ -306,19 +358,23 @@ func (a *API) rollback(c *fiber.Ctx) error {
 	if !a.hasModel(req.Model) {
 		return fail(c, openai.ModelNotFound(req.Model))
 	}
-	if err := a.Host.Rollback(req.Model); err != nil {
-		if errors.Is(err, plugins.ErrNoPrevious) {
+	var v plugins.Version
+	var err error
+	if a.Sync != nil {
+		v, err = a.Sync.Rollback(c.UserContext(), req.Model)
+	} else if err = a.Host.Rollback(req.Model); err == nil {
+		v, _ = a.Host.Active(req.Model)
+	}
+	if err != nil {
+		if errors.Is(err, plugins.ErrNoPrevious) || errors.Is(err, kvstore.ErrNoPrevious) {
 			return fail(c, openai.Errorf(409, "invalid_request_error", "model", "no_previous",
 				"Nothing to roll back to for `%s`: its active policy is the first one activated (the configuration's).", req.Model))
 		}
+		if a.Sync != nil {
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Not rolled back: %v", err))
+		}
 		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
 	}
-	if a.Sync != nil {
-		if err := a.Sync.PolicyRolledBack(c.UserContext(), req.Model); err != nil {
-			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Rolled back here but not stored: %v", err))
-		}
-	}
-	v, _ := a.Host.Active(req.Model)
 	return c.JSON(fiber.Map{"model": req.Model, "version": v})
 }
 
@@ -375,32 +431,46 @@ func (a *API) unload(c *fiber.Ctx) error {
 		return fail(c, inUse(v, "it is the built-in default"))
 	}
 	if a.Sync != nil {
-		models, err := a.Sync.StoredActiveFor(ctx, v)
-		if err != nil {
-			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Cannot read the stored active policies: %v", err))
-		}
-		if len(models) > 0 {
-			return fail(c, inUse(v, "the store names it active for %s", strings.Join(models, ", ")))
-		}
-	}
-	if i >= 0 {
-		if err := a.Host.Unload(v); errors.Is(err, plugins.ErrVersionInUse) {
-			where := err.Error()
-			if _, after, ok := strings.Cut(where, plugins.ErrVersionInUse.Error()+": "); ok {
-				where = after // "active for m", "previous activation of m"
-			}
-			return fail(c, inUse(v, "%s here", where))
-		} else if err != nil && !errors.Is(err, plugins.ErrUnknownVersion) { // unknown: unloaded meanwhile
-			return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
+		var iu *kvstore.PolicyInUseError
+		err := a.Sync.Unload(ctx, v)
+		switch {
+		case errors.As(err, &iu):
+			return fail(c, inUse(v, "%s", inUseWhere(iu)))
+		case errors.Is(err, kvstore.ErrNotFound) && i < 0:
+			return fail(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "version", "policy_not_found",
+				"No policy version `%s` is stored.", v))
+		case errors.Is(err, kvstore.ErrNotFound): // loaded here only (its upload was never stored): unload it here
+		case err != nil:
+			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable", "Not unloaded: %v", err))
+		default:
+			return c.JSON(UnloadResponse{Version: v, Unloaded: true})
 		}
 	}
-	if a.Sync != nil {
-		if err := a.Sync.PolicyUnloaded(ctx, v); err != nil {
-			return fail(c, openai.Errorf(503, "server_error", "", "store_unavailable",
-				"Unloaded here but not removed from the store (the other gateways keep it, and this one loads it again): %v", err))
+	if err := a.Host.Unload(v); errors.Is(err, plugins.ErrVersionInUse) {
+		where := err.Error()
+		if _, after, ok := strings.Cut(where, plugins.ErrVersionInUse.Error()+": "); ok {
+			where = after // "active for m", "previous activation of m"
 		}
+		return fail(c, inUse(v, "%s here", where))
+	} else if err != nil && !errors.Is(err, plugins.ErrUnknownVersion) { // unknown: unloaded meanwhile
+		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
 	}
 	return c.JSON(UnloadResponse{Version: v, Unloaded: true})
+}
+
+// inUseWhere words the store's refusal of an unload.
+func inUseWhere(e *kvstore.PolicyInUseError) string {
+	switch e.Role {
+	case "active":
+		return "active for " + e.Model
+	case "previous":
+		return "previous activation of " + e.Model + " (what a rollback returns to)"
+	case "floor":
+		return "the configured policy of " + e.Model + " (where its rollbacks stop)"
+	case "legacy-active":
+		return "the store names it active for " + e.Model
+	}
+	return e.Role + " of " + e.Model
 }
 
 // ExplainEndpoint is one candidate in POST /admin/v1/route.

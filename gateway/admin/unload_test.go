@@ -116,7 +116,7 @@ func TestUnloadRoute(t *testing.T) {
 			t.Errorf("DELETE %s: %d %s, want 400", bad, st, b)
 		}
 	}
-	// A Rollback cannot return to the unloaded version: m's history held it only in its older part.
+	// A Rollback cannot return to the unloaded version: the host kept only the activation before the active one warm.
 	if st, b := do(t, app, "POST", "/admin/v1/policies/rollback", `{"model":"m"}`); st != 200 {
 		t.Fatalf("rollback: %d %s", st, b)
 	}

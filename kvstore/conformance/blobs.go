@@ -20,9 +20,10 @@ func digest(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// RunBlobsAndLeases runs the Blobs and Leases conformance suite against stores made by newStore.
+// RunBlobsAndLeases runs the Blobs, Leases and Policies conformance suites against stores made by newStore.
 func RunBlobsAndLeases(t *testing.T, newStore StoreFactory) {
 	ctx := context.Background()
+	t.Run("Policies", func(t *testing.T) { RunPolicies(t, newStore) })
 	t.Run("Blobs", func(t *testing.T) {
 		s := newStore(t)
 		b := s.Blobs
