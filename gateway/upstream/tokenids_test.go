@@ -50,12 +50,12 @@ func TestChatBodySplices(t *testing.T) {
 
 func TestHasMediaParts(t *testing.T) {
 	for body, want := range map[string]bool{
-		`{"messages":[{"role":"user","content":"look at image_url\" here"}]}`:                                 false,
-		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`:                               false,
+		`{"messages":[{"role":"user","content":"look at image_url\" here"}]}`:                                                     false,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`:                                                   false,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`: true,
-		`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"x","format":"wav"}}]}]}`:            true,
-		`{"messages":[{"role":"user","content":[{"image_url":{"url":"x"}}]}]}`:                                                  true,
-		`{"messages":[{"role":"user","content":[{"type":"video_url","video_url":{"url":"x"}}]}]}`:                               true,
+		`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"x","format":"wav"}}]}]}`:             true,
+		`{"messages":[{"role":"user","content":[{"image_url":{"url":"x"}}]}]}`:                                                    true,
+		`{"messages":[{"role":"user","content":[{"type":"video_url","video_url":{"url":"x"}}]}]}`:                                 true,
 	} {
 		if got := HasMediaParts([]byte(body)); got != want {
 			t.Errorf("%s: %v", body, got)
