@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -64,6 +65,10 @@ type Gateway struct {
 	models    map[string]server.ServedModel
 	// policySync propagates admin policy changes through the store (nil with the memory store).
 	policySync *policySync
+	// upHTTP is the upstream client's HTTP client (scrapes and /tokenize checks share its pool).
+	upHTTP *http.Client
+	// tokens forwards chat token IDs and runs their drift guard.
+	tokens *tokenIDs
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -155,6 +160,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 
 	// Endpoints and models.
 	up := upstream.New(cfg.UpstreamIdleTimeout)
+	g.upHTTP = up.HTTP()
+	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
@@ -162,6 +169,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway: model %s: tokenizer %s: %w", m.Name, m.Tokenizer, err)
 		}
+		encoders[m.Name] = enc
 		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
 			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
@@ -189,6 +197,10 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.eps.ProbeAll(probeCtx)
 	pc()
 	g.wg.Go(func() { g.eps.Run(runCtx) })
+	g.tokens = newTokenIDs(g, cfg, encoders, g.eps)
+	checkCtx, cc := context.WithTimeout(ctx, 5*time.Second)
+	g.tokens.start(checkCtx, runCtx, g)
+	cc()
 
 	// Event ingestion: one gateway at a time per endpoint, under a store lease.
 	g.holder = holderID()
@@ -218,7 +230,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 
 	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
-		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails})
+		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
+		EngineBody: g.tokens.engineBody})
 
 	ln := o.Listener
 	if ln == nil {
@@ -349,7 +362,7 @@ func (g *Gateway) readyDetails() map[string]any {
 	for _, s := range g.IngestStats() {
 		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.ConfigError}
 	}
-	return map[string]any{"ingestion": out}
+	return map[string]any{"ingestion": out, "token_ids": g.tokens.guard.Status()}
 }
 
 // registerIngestMetrics exposes event lag, gaps and replays per endpoint from the ingesters' stats.
