@@ -234,6 +234,10 @@ type Simulate struct {
 	MaxInflightRequests int64 `yaml:"max_inflight_requests"`
 	// MaxInflightTokens per simulated endpoint (default 262144).
 	MaxInflightTokens int64 `yaml:"max_inflight_tokens"`
+	// Engines' kinds, cycled over the simulated engines (default [enginesim]): vllm and sglang start the
+	// simulator in that engine's dialect (enginesim --api) and declare the endpoint with that engine kind,
+	// so it gets that engine's chat token-ID field.
+	EngineKinds []string `yaml:"engine_kinds"`
 }
 
 // Error is a configuration error; Key is the offending key path ("models[0].block_size") or, for decoding
@@ -438,6 +442,13 @@ func (c *Config) Validate() error {
 	}
 	if c.Simulate != nil && (c.Simulate.Engines < 1 || c.Simulate.Engines > 64) {
 		bad("simulate.engines", "want 1..64, got %d", c.Simulate.Engines)
+	}
+	if c.Simulate != nil {
+		for i, k := range c.Simulate.EngineKinds {
+			if k != EngineSim && k != EngineVLLM && k != EngineSGLang {
+				bad(fmt.Sprintf("simulate.engine_kinds[%d]", i), "want enginesim, vllm or sglang, got %q", k)
+			}
+		}
 	}
 	if len(c.Models) == 0 {
 		bad("models", "at least one model is required")
