@@ -11,7 +11,8 @@
 // unverified; one in Every chat requests sent with token IDs is checked the same way in the background.
 //
 // A mismatch: kvgate_token_ids_mismatch_total{model,endpoint} counts it, one warning log line gives the
-// first differing position and both token windows, and Status (in /readyz) shows it. Checks that fail for
+// first differing position and both token windows (not repeated while re-probes of a still-drifted
+// endpoint find the same difference), and Status (in /readyz) shows it. Checks that fail for
 // another reason (engine unreachable, /tokenize not served) count as kvgate_token_ids_checks_total
 // {result="error"} and leave the endpoint unverified without counting a mismatch.
 package driftguard
@@ -24,6 +25,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,9 +356,16 @@ func (g *Guard) record(s *state, check string, gw, engine []uint32, err error) {
 		g.mism.WithLabelValues(s.ep.Model, s.ep.ID).Inc()
 		m := diff(gw, engine)
 		m.Model, m.Check, m.At = s.ep.Model, check, time.Now()
+		// One line per mismatch the operator has not seen yet: an endpoint that stays drifted is re-probed
+		// every RecheckInterval and would otherwise log the same line each time (the metric counts them).
+		repeat := !s.allow.Load() && s.st.LastMismatch != nil && sameMismatch(*s.st.LastMismatch, m)
 		s.st.LastMismatch, s.st.LastError = &m, ""
 		s.st.Mismatches++
 		s.st.Streak, s.st.Needed = 0, g.o.ResumeMatches
+		if repeat {
+			g.setAllow(s, false, "")
+			return
+		}
 		g.log.Warn("token-ID mismatch: the engine tokenizes chat differently from the gateway; endpoint gets original chat bodies",
 			slog.String("endpoint_id", s.ep.ID), slog.String("model", s.ep.Model), slog.String("check", check),
 			slog.Int("position", m.Position), slog.Any("gateway_tokens", m.GatewayTokens), slog.Any("engine_tokens", m.EngineTokens),
@@ -424,6 +433,12 @@ func (g *Guard) tokenize(ctx context.Context, ep Endpoint, body []byte) ([]uint3
 		ids = []uint32{}
 	}
 	return ids, nil
+}
+
+// sameMismatch reports whether two mismatches are the same finding (check, position, windows, lengths).
+func sameMismatch(a, b Mismatch) bool {
+	return a.Check == b.Check && a.Position == b.Position && a.GatewayLen == b.GatewayLen && a.EngineLen == b.EngineLen &&
+		slices.Equal(a.GatewayTokens, b.GatewayTokens) && slices.Equal(a.EngineTokens, b.EngineTokens)
 }
 
 func equal(a, b []uint32) bool {
