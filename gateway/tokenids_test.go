@@ -214,6 +214,17 @@ func TestChatTokenIDsDialects(t *testing.T) {
 	if v := scrapeSample(t, g, `kvgate_token_ids_skipped_total{endpoint="v0",reason="client_set"}`); v != 1 {
 		t.Fatalf("client_set skips = %v", v)
 	}
+	// continue_final_message on a final message the rendered prompt does not contain (Qwen3's template
+	// re-renders the reasoning): the gateway forwards it as sent and the engine answers it (here, as vLLM
+	// and transformers do, with a 400).
+	body = `{"model":"qwen3","max_tokens":2,"add_generation_prompt":false,"continue_final_message":true,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"<think>abc</think>The answer"}]}`
+	if st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", body); st != 400 || string(vllm.LastChatBody()) != body ||
+		!strings.Contains(string(b), "continue_final_message") {
+		t.Fatalf("continue_final_message: %d %s; engine got %s", st, b, vllm.LastChatBody())
+	}
+	if v := scrapeSample(t, g, `kvgate_token_ids_skipped_total{endpoint="v0",reason="continue_final_message"}`); v != 1 {
+		t.Fatalf("continue_final_message skips = %v", v)
+	}
 }
 
 // The drift guard: an engine whose template differs from the start never gets token IDs (its probes
