@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -51,7 +52,9 @@ func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) 
 	}
 	var val gjson.Result
 	found := false
-	gjson.ParseBytes(body).ForEach(func(k, v gjson.Result) bool {
+	// A string view of body, not ParseBytes's copy (a long conversation is hundreds of KB); nothing kept
+	// from the scan outlives this call.
+	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, v gjson.Result) bool {
 		if k.Str == key {
 			val, found = v, true
 		}
@@ -67,13 +70,13 @@ func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) 
 		}
 		return body, SkipClientSet
 	}
-	// kv_transfer_params
-	obj := append(append([]byte(`{"prompt_token_ids":`), idsJSON...), '}')
+	// kv_transfer_params: a new object is written from its parts (the IDs are copied once)
+	head, tail := []byte(`{"prompt_token_ids":`), []byte(`}`)
 	switch {
 	case !found:
-		return insertMember(body, openBrace(body), key, obj), ""
+		return insertMember(body, openBrace(body), key, head, idsJSON, tail), ""
 	case val.Type == gjson.Null:
-		return replaceValue(body, val, obj), ""
+		return replaceValue(body, val, head, idsJSON, tail), ""
 	case !val.IsObject():
 		return body, SkipInvalidField
 	}
@@ -101,14 +104,17 @@ func openBrace(body []byte) int {
 	return bytes.IndexByte(body, '{')
 }
 
-// insertMember inserts "key":value as the first member of the object whose '{' is at body[brace].
-func insertMember(body []byte, brace int, key string, value []byte) []byte {
-	out := make([]byte, 0, len(body)+len(key)+len(value)+4)
+// insertMember inserts "key":value as the first member of the object whose '{' is at body[brace]; value
+// is the concatenation of parts.
+func insertMember(body []byte, brace int, key string, value ...[]byte) []byte {
+	out := make([]byte, 0, len(body)+len(key)+partsLen(value)+4)
 	out = append(out, body[:brace+1]...)
 	out = append(out, '"')
 	out = append(out, key...)
 	out = append(out, '"', ':')
-	out = append(out, value...)
+	for _, p := range value {
+		out = append(out, p...)
+	}
 	rest := body[brace+1:]
 	j := 0
 	for j < len(rest) && (rest[j] == ' ' || rest[j] == '\t' || rest[j] == '\n' || rest[j] == '\r') {
@@ -120,12 +126,22 @@ func insertMember(body []byte, brace int, key string, value []byte) []byte {
 	return append(out, rest...)
 }
 
-// replaceValue replaces the value v (v.Index is its offset in body) by value.
-func replaceValue(body []byte, v gjson.Result, value []byte) []byte {
-	out := make([]byte, 0, len(body)-len(v.Raw)+len(value))
+// replaceValue replaces the value v (v.Index is its offset in body) by the concatenation of value.
+func replaceValue(body []byte, v gjson.Result, value ...[]byte) []byte {
+	out := make([]byte, 0, len(body)-len(v.Raw)+partsLen(value))
 	out = append(out, body[:v.Index]...)
-	out = append(out, value...)
+	for _, p := range value {
+		out = append(out, p...)
+	}
 	return append(out, body[v.Index+len(v.Raw):]...)
+}
+
+func partsLen(parts [][]byte) int {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	return n
 }
 
 // mediaHints are substrings without which a chat body has no media content part (cheap test before a parse).

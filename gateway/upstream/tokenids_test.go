@@ -3,6 +3,8 @@ package upstream
 import (
 	"encoding/json"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/config"
@@ -112,4 +114,29 @@ func FuzzChatBody(f *testing.F) {
 			t.Fatalf("%s -> %s: other members changed", body, out)
 		}
 	})
+}
+
+// BenchmarkChatBody: the per-request cost of the chat splice and the media check, for a 2 KB chat and a
+// ~600 KB one (a 128k-token conversation).
+func BenchmarkChatBody(b *testing.B) {
+	for _, n := range []int{8, 2500} {
+		var msgs []string
+		for i := range n {
+			msgs = append(msgs, `{"role":"user","content":"The committee reviewed section `+strconv.Itoa(i)+` of the maintenance log and noted that the valve was resealed before the afternoon shift."}`)
+		}
+		body := []byte(`{"model":"qwen3","stream":true,"messages":[` + strings.Join(msgs, ",") + `],"max_tokens":16}`)
+		ids := make([]uint32, len(body)/4)
+		for i := range ids {
+			ids[i] = uint32(i * 37 % 151000)
+		}
+		b.Run(strconv.Itoa(len(body)/1024)+"KB", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if HasMediaParts(body) {
+					b.Fatal("media")
+				}
+				ChatBody(config.ChatTokenIDsKVTransfer, body, ids)
+			}
+		})
+	}
 }
