@@ -7,7 +7,10 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/gateway/endpoints"
 )
 
 // shapes are the field names and /tokenize shapes quoted from vLLM's and SGLang's sources.
@@ -86,6 +89,14 @@ func TestDialects(t *testing.T) {
 	}
 	if r := post(t, sgl, "/v1/tokenize", `{"prompt":["a b","c"]}`); r.status != 200 || !reflect.DeepEqual(keys(t, r.body), want(sh.SGLang.Tokenize.Response)) {
 		t.Fatalf("SGLang /v1/tokenize prompt list: %d %s", r.status, r.body)
+	}
+
+	// The load gauges a router scrapes carry each engine's names (the gateway's endpoints parser reads both).
+	for e, names := range map[*Engine][2]string{vllm: {"vllm:num_requests_running", "sglang:"}, sgl: {"sglang:num_running_reqs", "vllm:num_requests"}} {
+		page := string(get(t, e, "/metrics").body)
+		if m := endpoints.ParseMetrics([]byte(page)); !strings.Contains(page, names[0]) || strings.Contains(page, names[1]) || m.Found != 3 {
+			t.Fatalf("metrics of the %q dialect: %d load samples found\n%s", e.cfg.API, m.Found, page)
+		}
 	}
 
 	fake := seqTokens(40, 100) // not the chat's tokens: usage shows which prompt the engine ran

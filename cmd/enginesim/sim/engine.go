@@ -80,7 +80,7 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 		model:    model,
 		vocab:    newOutputVocab(model),
 		hasher:   hasher,
-		m:        newMetrics(cfg.servedNames()[0]),
+		m:        newMetrics(cfg.servedNames()[0], cfg.API),
 		cache:    newKVCache(cfg.BlockSize, cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.CPUEventsSelfDescribing),
 		loopDone: make(chan struct{}),
 		stop:     make(chan struct{}),
