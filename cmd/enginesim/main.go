@@ -74,6 +74,9 @@ func parseFlags(args []string, getenv func(string) string) (sim.Config, error) {
 	stall := fs.Duration("fault-stall-before-headers", 0, "fault: delay response headers by this long")
 	fs.IntVar(&cfg.Faults.StallCount, "fault-stall-count", 0, "fault: how many requests the stall hits (-1 = all; default 1)")
 	fs.IntVar(&cfg.Faults.DropEventBatches, "fault-drop-event-batches", 0, "fault: drop this many upcoming KV-event batches (sequence gap; they stay replayable)")
+	fs.StringVar(&cfg.API, "api", sim.APIVLLM, "engine dialect: vllm (chat takes kv_transfer_params.prompt_token_ids or prompt_token_ids; POST /tokenize) or sglang (chat takes input_ids; POST /v1/tokenize)")
+	fs.DurationVar(&cfg.RenderTokenizePerToken, "render-tokenize-per-token", 0, "time per prompt token the engine spends on chat-template render + tokenize when it tokenizes a prompt itself (x --time-scale; 0 = only the simulator's own tokenizer)")
+	fs.BoolVar(&cfg.Faults.TemplateDrift, "fault-template-drift", false, "fault: render chat prompts with a changed template (generation and /tokenize) until disarmed")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

@@ -128,7 +128,9 @@ func serve(ctx context.Context, cfgPath string, out io.Writer) error {
 }
 
 // startSimulated starts cfg.Simulate.Engines simulated engines for every model that lists no endpoints and
-// adds them to the model as enginesim endpoints sim-<model>-<i> with KV events over loopback ZMQ.
+// adds them to the model as endpoints sim-<model>-<i> with KV events over loopback ZMQ, of the kinds
+// simulate.engine_kinds cycles through (enginesim by default; vllm and sglang run the simulator in that
+// engine's dialect).
 func startSimulated(ctx context.Context, cfg *config.Config, log *slog.Logger) ([]*sim.Engine, error) {
 	if cfg.Simulate == nil {
 		return nil, nil
@@ -140,7 +142,14 @@ func startSimulated(ctx context.Context, cfg *config.Config, log *slog.Logger) (
 			continue
 		}
 		for i := range cfg.Simulate.Engines {
+			kind := config.EngineSim
+			if ks := cfg.Simulate.EngineKinds; len(ks) > 0 {
+				kind = ks[i%len(ks)]
+			}
 			sc := sim.DefaultConfig()
+			if kind == config.EngineSGLang {
+				sc.API = sim.APISGLang
+			}
 			sc.Model = m.Tokenizer
 			sc.ServedModelNames = []string{m.Name}
 			sc.LoRAModules = m.LoRAAdapters
@@ -158,7 +167,7 @@ func startSimulated(ctx context.Context, cfg *config.Config, log *slog.Logger) (
 			}
 			engines = append(engines, e)
 			m.Endpoints = append(m.Endpoints, config.Endpoint{ID: fmt.Sprintf("sim-%s-%d", m.Name, i),
-				Engine: config.EngineSim, URL: "http://" + e.HTTPAddr(), KVEvents: e.EventsAddr(),
+				Engine: kind, ChatTokenIDs: config.DefaultChatTokenIDs[kind], URL: "http://" + e.HTTPAddr(), KVEvents: e.EventsAddr(),
 				KVReplay: e.ReplayAddr(), MaxInflightRequests: cfg.Simulate.MaxInflightRequests,
 				MaxInflightTokens: cfg.Simulate.MaxInflightTokens})
 		}

@@ -26,11 +26,29 @@ const (
 	// EngineSim is kvgate's simulator (cmd/enginesim): token IDs go out of band on chat
 	// (prompt_token_ids) and completions (token-ID prompt).
 	EngineSim = "enginesim"
-	// EngineVLLM is vLLM: token-ID prompt on completions; chat forwarded with its original body.
+	// EngineVLLM is vLLM: token-ID prompt on completions; chat carries them in kv_transfer_params
+	// (chat_token_ids).
 	EngineVLLM = "vllm"
-	// EngineSGLang is SGLang: the original body on both APIs.
+	// EngineSGLang is SGLang: chat carries them in input_ids (chat_token_ids); completions keep their body.
 	EngineSGLang = "sglang"
 )
+
+// Chat token-ID fields (Endpoint.ChatTokenIDs): where a chat request's token IDs travel to the engine, with
+// messages kept in the body (gateway/upstream/tokenids.go).
+const (
+	// ChatTokenIDsKVTransfer is vLLM's kv_transfer_params.prompt_token_ids (vLLM #48145; default for vllm).
+	ChatTokenIDsKVTransfer = "kv_transfer_params"
+	// ChatTokenIDsPromptTokenIDs is a top-level prompt_token_ids (vLLM #55771; default for enginesim).
+	ChatTokenIDsPromptTokenIDs = "prompt_token_ids"
+	// ChatTokenIDsInputIDs is SGLang's top-level input_ids (default for sglang).
+	ChatTokenIDsInputIDs = "input_ids"
+	// ChatTokenIDsOff sends chat requests with their original body.
+	ChatTokenIDsOff = "off"
+)
+
+// DefaultChatTokenIDs is the chat_token_ids default of each engine kind.
+var DefaultChatTokenIDs = map[string]string{EngineSim: ChatTokenIDsPromptTokenIDs,
+	EngineVLLM: ChatTokenIDsKVTransfer, EngineSGLang: ChatTokenIDsInputIDs}
 
 // Store kinds.
 const (
@@ -63,6 +81,16 @@ const (
 	DefaultIndexReplayTimeout         = 2 * time.Second
 	DefaultIndexReplayTimeoutPerBatch = 5 * time.Millisecond
 	DefaultStoreTimeout               = 200 * time.Millisecond
+)
+
+// Drift-guard defaults (the token-ID keys below).
+const (
+	// DefaultVerifyTokenIDsEvery: one chat request in this many that went with token IDs is checked
+	// against the engine's /tokenize.
+	DefaultVerifyTokenIDsEvery = 1000
+	// DefaultTokenIDsResumeMatches: consecutive matching checks after a mismatch before an endpoint gets
+	// token IDs again.
+	DefaultTokenIDsResumeMatches = 3
 )
 
 // Config is the whole file. Durations are YAML strings such as "5s" or "250ms".
@@ -131,6 +159,19 @@ type Config struct {
 	Models []Model `yaml:"models"`
 	// Simulate, when set, starts simulated engines in-process (make run, demos).
 	Simulate *Simulate `yaml:"simulate"`
+
+	// Token IDs on chat and their drift guard (gateway/driftguard). An endpoint whose chat_token_ids is not
+	// off gets token IDs only while its engine's /tokenize agrees with the gateway on the probe chats.
+
+	// VerifyTokenIDsEvery checks one in this many chat requests sent with token IDs against the engine's
+	// /tokenize, off the request path (default 1000; 0 = no sampled checks, probes only). nil = default.
+	VerifyTokenIDsEvery *int `yaml:"verify_token_ids_every"`
+	// TokenIDsResumeMatches is how many consecutive matching checks (probe rounds or sampled requests) an
+	// endpoint needs after a mismatch before it gets token IDs again (default 3).
+	TokenIDsResumeMatches int `yaml:"token_ids_resume_matches"`
+	// TokenIDsRecheckInterval is how often an endpoint without token IDs (not yet verified, or after a
+	// mismatch) is probed again (default 1s).
+	TokenIDsRecheckInterval time.Duration `yaml:"token_ids_recheck_interval"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -207,6 +248,10 @@ type Endpoint struct {
 	MaxInflightRequests int64 `yaml:"max_inflight_requests"`
 	// MaxInflightTokens caps prompt+output tokens leased on it (0: unlimited).
 	MaxInflightTokens int64 `yaml:"max_inflight_tokens"`
+
+	// ChatTokenIDs is where chat token IDs go: kv_transfer_params (vLLM #48145; default for vllm),
+	// prompt_token_ids (vLLM #55771; default for enginesim), input_ids (SGLang; default for sglang) or off.
+	ChatTokenIDs string `yaml:"chat_token_ids"`
 }
 
 // Simulate starts simulated engines in-process; their endpoints are added to every model that lists none.
@@ -217,6 +262,10 @@ type Simulate struct {
 	MaxInflightRequests int64 `yaml:"max_inflight_requests"`
 	// MaxInflightTokens per simulated endpoint (default 262144).
 	MaxInflightTokens int64 `yaml:"max_inflight_tokens"`
+	// Engines' kinds, cycled over the simulated engines (default [enginesim]): vllm and sglang start the
+	// simulator in that engine's dialect (enginesim --api) and declare the endpoint with that engine kind,
+	// so it gets that engine's chat token-ID field.
+	EngineKinds []string `yaml:"engine_kinds"`
 }
 
 // Error is a configuration error; Key is the offending key path ("models[0].block_size") or, for decoding
@@ -334,6 +383,16 @@ func (c *Config) applyDefaults() {
 	if c.IndexReplayTimeoutPerBatch == 0 {
 		c.IndexReplayTimeoutPerBatch = DefaultIndexReplayTimeoutPerBatch
 	}
+	if c.VerifyTokenIDsEvery == nil {
+		n := DefaultVerifyTokenIDsEvery
+		c.VerifyTokenIDsEvery = &n
+	}
+	if c.TokenIDsResumeMatches == 0 {
+		c.TokenIDsResumeMatches = DefaultTokenIDsResumeMatches
+	}
+	if c.TokenIDsRecheckInterval == 0 {
+		c.TokenIDsRecheckInterval = time.Second
+	}
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -352,6 +411,11 @@ func (c *Config) applyDefaults() {
 		}
 		if m.Policy.Name == "" {
 			m.Policy.Name = DefaultPolicyName
+		}
+		for j := range m.Endpoints {
+			if e := &m.Endpoints[j]; e.ChatTokenIDs == "" {
+				e.ChatTokenIDs = DefaultChatTokenIDs[e.Engine]
+			}
 		}
 	}
 }
@@ -412,8 +476,24 @@ func (c *Config) Validate() error {
 	default:
 		bad("log_level", "want debug, info, warn or error, got %q", c.LogLevel)
 	}
+	if c.VerifyTokenIDsEvery != nil && *c.VerifyTokenIDsEvery < 0 {
+		bad("verify_token_ids_every", "must not be negative (0 = no sampled checks), got %d", *c.VerifyTokenIDsEvery)
+	}
+	if c.TokenIDsResumeMatches < 0 {
+		bad("token_ids_resume_matches", "must not be negative, got %d", c.TokenIDsResumeMatches)
+	}
+	if c.TokenIDsRecheckInterval < 0 {
+		bad("token_ids_recheck_interval", "must be positive, got %v", c.TokenIDsRecheckInterval)
+	}
 	if c.Simulate != nil && (c.Simulate.Engines < 1 || c.Simulate.Engines > 64) {
 		bad("simulate.engines", "want 1..64, got %d", c.Simulate.Engines)
+	}
+	if c.Simulate != nil {
+		for i, k := range c.Simulate.EngineKinds {
+			if k != EngineSim && k != EngineVLLM && k != EngineSGLang {
+				bad(fmt.Sprintf("simulate.engine_kinds[%d]", i), "want enginesim, vllm or sglang, got %q", k)
+			}
+		}
 	}
 	if len(c.Models) == 0 {
 		bad("models", "at least one model is required")
@@ -485,6 +565,11 @@ func (c *Config) Validate() error {
 			}
 			if e.MaxInflightTokens < 0 {
 				bad(q+".max_inflight_tokens", "must not be negative")
+			}
+			switch e.ChatTokenIDs {
+			case "", ChatTokenIDsKVTransfer, ChatTokenIDsPromptTokenIDs, ChatTokenIDsInputIDs, ChatTokenIDsOff:
+			default:
+				bad(q+".chat_token_ids", "want kv_transfer_params, prompt_token_ids, input_ids or off, got %q", e.ChatTokenIDs)
 			}
 		}
 	}

@@ -34,6 +34,39 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
+// chat_token_ids defaults by engine kind; the drift-guard keys default, and verify_token_ids_every: 0 stays 0.
+func TestChatTokenIDsDefaults(t *testing.T) {
+	y := `
+models:
+  - name: q
+    tokenizer: x
+    endpoints:
+      - {id: a, engine: vllm, url: "http://h:1"}
+      - {id: b, engine: sglang, url: "http://h:2"}
+      - {id: c, engine: enginesim, url: "http://h:3"}
+      - {id: d, engine: vllm, url: "http://h:4", chat_token_ids: prompt_token_ids}
+      - {id: e, engine: sglang, url: "http://h:5", chat_token_ids: "off"}
+`
+	c, err := Parse([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range c.Models[0].Endpoints {
+		got = append(got, e.ChatTokenIDs)
+	}
+	if strings.Join(got, ",") != "kv_transfer_params,input_ids,prompt_token_ids,prompt_token_ids,off" {
+		t.Fatalf("chat_token_ids: %v", got)
+	}
+	if *c.VerifyTokenIDsEvery != 1000 || c.TokenIDsResumeMatches != 3 || c.TokenIDsRecheckInterval != time.Second {
+		t.Fatalf("guard defaults: %d %d %v", *c.VerifyTokenIDsEvery, c.TokenIDsResumeMatches, c.TokenIDsRecheckInterval)
+	}
+	c, err = Parse([]byte("verify_token_ids_every: 0\n" + y))
+	if err != nil || *c.VerifyTokenIDsEvery != 0 {
+		t.Fatalf("verify_token_ids_every 0: %v", err)
+	}
+}
+
 func TestUnknownKeyNamed(t *testing.T) {
 	_, err := Parse([]byte(minimal + "    queue_timeot: 3s\n"))
 	var ce *Error
@@ -60,6 +93,9 @@ func TestValidationNamesKeyPath(t *testing.T) {
 		{"block size", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    block_size: -3", 1), "models[0].block_size"},
 		{"max prompt tokens", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    max_prompt_tokens: -1", 1), "models[0].max_prompt_tokens"},
 		{"lease", "lease_ttl: 10ms\n" + minimal, "lease_ttl"},
+		{"chat token ids", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, chat_token_ids: messages}", 1), "models[0].endpoints[0].chat_token_ids"},
+		{"verify every", "verify_token_ids_every: -1\n" + minimal, "verify_token_ids_every"},
+		{"sim kinds", "simulate: {engines: 2, engine_kinds: [vllm, tgi]}\n" + minimal, "simulate.engine_kinds[1]"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

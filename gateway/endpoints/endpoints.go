@@ -4,7 +4,8 @@
 //
 // Metric names read (summed over label sets): vLLM vllm:num_requests_waiting, vllm:num_requests_running,
 // vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), all fractions in [0,1]; SGLang
-// sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage. The simulator uses vLLM's names.
+// sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage. The simulator uses vLLM's names (SGLang's
+// with --api sglang).
 package endpoints
 
 import (

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/upstream"
 )
 
 // chatError turns an Encoder.EncodeChat error into the client's 400, worded for the client: without the
@@ -56,4 +57,18 @@ func promptTooLong(m *Model, req *openai.Request, n int) *openai.Error {
 	}
 	return openai.Errorf(400, "invalid_request_error", param, "prompt_too_long",
 		"This model's maximum prompt length is %d tokens; the prompt has %d tokens.", m.MaxPromptTokens, n)
+}
+
+// unrenderable returns the upstream.Skip* reason when a chat render error means the gateway cannot
+// tokenize the request exactly but the engine can (so it is forwarded with its original body rather than
+// refused): media content parts, and continue_final_message on a final message the rendered prompt does
+// not contain. Other errors return "".
+func unrenderable(err error) string {
+	if re, ok := errors.AsType[*chattemplate.RequestError](err); ok && errors.Is(re.Kind, chattemplate.ErrUnsupportedContent) {
+		return upstream.SkipMultimodal
+	}
+	if re, ok := errors.AsType[*chattemplate.RenderError](err); ok && strings.Contains(re.Message, "continue_final_message") {
+		return upstream.SkipContinueFinal
+	}
+	return ""
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 )
 
@@ -62,6 +64,14 @@ func TestPlanUsesParsedChat(t *testing.T) {
 			o2, _ := errors.AsType[*openai.Error](err2)
 			if o1 == nil || o2 == nil || o1.Status != 400 || *o1 != *o2 {
 				t.Fatalf("%s: parsed %v, body %v", body, err1, err2)
+			}
+			continue
+		}
+		if strings.Contains(body, "image_url") {
+			// Media on a template that takes string content: routed without IDs, forwarded with the
+			// original body (the engine renders it), the same on both paths.
+			if p1.IDs != nil || p2.IDs != nil || p1.TokenIDsSkip != upstream.SkipMultimodal || p2.TokenIDsSkip != upstream.SkipMultimodal {
+				t.Fatalf("%s: IDs %v/%v, skip %q/%q", body, p1.IDs, p2.IDs, p1.TokenIDsSkip, p2.TokenIDsSkip)
 			}
 			continue
 		}

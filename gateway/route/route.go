@@ -256,6 +256,11 @@ type Plan struct {
 	LoadOnly bool
 	// Stages are the durations of each stage (metrics.Stage* names).
 	Stages map[string]time.Duration
+	// TokenIDsSkip, when set, says the chat could not be tokenized exactly, so it is routed on load alone
+	// (no IDs) and must go with its original body: upstream.SkipMultimodal (a content part the template
+	// cannot render, e.g. media on a template that takes string content) or upstream.SkipContinueFinal (a
+	// continue_final_message the template cannot express). The engine answers such a request itself.
+	TokenIDsSkip string
 }
 
 // ErrNoHealthy is wrapped by Plan's *openai.Error 503.
@@ -319,7 +324,10 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 			_, ids, err = m.Encoder.EncodeChat(body)
 		}
 		if err != nil {
-			return nil, chatError(err)
+			if p.TokenIDsSkip = unrenderable(err); p.TokenIDsSkip == "" {
+				return nil, chatError(err)
+			}
+			ids = nil
 		}
 		p.IDs = ids
 	case req.PromptIsIDs:

@@ -80,6 +80,9 @@ type Options struct {
 	Admin func(r fiber.Router)
 	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
 	Ready func() map[string]any
+	// EngineBody, if set, builds the body sent to candidate c for plan p from the client's body (the
+	// gateway's chat token IDs and drift guard); nil: upstream.Body by engine kind.
+	EngineBody func(p *route.Plan, c route.Candidate, body []byte) ([]byte, error)
 }
 
 // Server is the HTTP front. Create with New, run with Listen or Serve, stop with Shutdown.
@@ -367,7 +370,13 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				s.o.Router.Record(ctx, plan, claim)
 			}
 			cand := plan.Candidates[claim.Index]
-			out, berr := upstream.Body(cand.Engine, req, body, plan.IDs)
+			var out []byte
+			var berr error
+			if s.o.EngineBody != nil {
+				out, berr = s.o.EngineBody(plan, cand, body)
+			} else {
+				out, berr = upstream.Body(cand.Engine, req, body, plan.IDs)
+			}
 			if berr != nil {
 				s.o.Router.Release(claim)
 				log.Warn("cannot build the engine request body", slog.String("endpoint_id", cand.ID), slog.String("error", berr.Error()))

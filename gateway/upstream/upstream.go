@@ -24,7 +24,8 @@ import (
 )
 
 // Body returns the bytes to send to an engine of kind (config.EngineSim, EngineVLLM, EngineSGLang) for a
-// request parsed as req from body, given its prompt token IDs (nil when unknown):
+// request parsed as req from body, given its prompt token IDs (nil when unknown), without an endpoint's
+// chat_token_ids setting or the drift guard (the gateway uses those for chat: ChatBody, gateway/tokenids.go):
 //   - enginesim chat: body with "prompt_token_ids" spliced in (unless the client sent its own);
 //   - enginesim and vllm completions: body with "prompt" replaced by the token IDs (single prompts only);
 //   - everything else: body as sent.

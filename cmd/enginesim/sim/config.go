@@ -70,6 +70,15 @@ type Config struct {
 	// (vLLM's self_describing_kv_events); false sends vLLM's token-less placeholders.
 	CPUEventsSelfDescribing bool
 
+	// API is the engine dialect: APIVLLM (default, "") or APISGLang (dialect.go): which chat field carries
+	// pre-tokenized prompts and how /tokenize is served.
+	API string
+	// RenderTokenizePerToken is the time the engine spends rendering the chat template and tokenizing, per
+	// prompt token, when it tokenizes a prompt itself (× TimeScale, wall time; 0 = only the simulator's own
+	// Go tokenizer). Calibrated from HF's Rust tokenizer and a Jinja render: gateway/RATIONALE.md "Token
+	// IDs on chat".
+	RenderTokenizePerToken time.Duration
+
 	// Faults are the faults armed at start (see Faults); POST /sim/faults changes them at run time.
 	Faults Faults
 }
@@ -219,6 +228,10 @@ func (c *Config) Validate() error {
 		return bad("kv-events-encoding", "%q is not array or map", c.EventsEncoding)
 	case c.EventsHashForm != "int" && c.EventsHashForm != "bytes":
 		return bad("kv-events-hash-form", "%q is not int or bytes", c.EventsHashForm)
+	case c.API != "" && c.API != APIVLLM && c.API != APISGLang:
+		return bad("api", "%q is not vllm or sglang", c.API)
+	case c.RenderTokenizePerToken < 0:
+		return bad("render-tokenize-per-token", "must not be negative")
 	}
 	k := &c.KVEvents
 	k.fillDefaults()

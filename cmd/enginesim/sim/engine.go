@@ -26,6 +26,10 @@ type Engine struct {
 	m      *metrics
 	faults faultState
 	pub    *publisher // nil when events are off
+	dm     dialectMetrics
+
+	tokenizedN atomic.Int64           // enginesim:prompts_tokenized_total
+	lastChat   atomic.Pointer[[]byte] // the last chat request body (LastChatBody)
 
 	ln  net.Listener
 	srv *http.Server
@@ -76,13 +80,14 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 		model:    model,
 		vocab:    newOutputVocab(model),
 		hasher:   hasher,
-		m:        newMetrics(cfg.servedNames()[0]),
+		m:        newMetrics(cfg.servedNames()[0], cfg.API),
 		cache:    newKVCache(cfg.BlockSize, cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.CPUEventsSelfDescribing),
 		loopDone: make(chan struct{}),
 		stop:     make(chan struct{}),
 	}
 	e.cond = sync.NewCond(&e.mu)
 	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
+	e.dm = newDialectMetrics(e.m, cfg.servedNames()[0])
 	e.faults.set(cfg.Faults)
 	if cfg.eventsEnabled() {
 		if e.pub, err = newPublisher(&e.cfg, log); err != nil {

@@ -32,6 +32,11 @@ type Faults struct {
 	// RestartEventSeq restarts the event sequence at 0 and empties the KV cache and replay buffer, as a
 	// restarted engine would (no AllBlocksCleared is sent). It is an action: it fires once when set.
 	RestartEventSeq bool `json:"restart_event_seq"`
+	// TemplateDrift makes the engine render chat prompts with a changed template (one more newline after
+	// the prompt's first line) for generation and /tokenize alike, while it stays set: the engine's tokens
+	// no longer match a gateway that renders with the model's own template. Requests that arrive with
+	// token IDs are unaffected, as on a real engine.
+	TemplateDrift bool `json:"template_drift"`
 }
 
 // Duration is a time.Duration that JSON-encodes as a Go duration string ("1.5s").

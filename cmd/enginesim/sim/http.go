@@ -27,7 +27,11 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	if e.cfg.API == APISGLang {
+		mux.HandleFunc("POST /v1/tokenize", e.handleTokenizeSGLang)
+	} else {
+		mux.HandleFunc("POST /tokenize", e.handleTokenize)
+	}
 	mux.HandleFunc("POST /reset_prefix_cache", e.handleReset)
 	mux.HandleFunc("GET /sim/faults", e.handleGetFaults)
 	mux.HandleFunc("POST /sim/faults", e.handleSetFaults)
@@ -229,8 +233,8 @@ func (e *Engine) reject(w http.ResponseWriter, err error) {
 
 type chatRequest struct {
 	commonRequest
+	chatIDs
 	MaxCompletionTokens *jsonInt `json:"max_completion_tokens"`
-	PromptTokenIDs      []uint32 `json:"prompt_token_ids"`
 }
 
 func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -239,6 +243,7 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 		e.reject(w, err)
 		return
 	}
+	e.lastChat.Store(&body)
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		e.reject(w, badRequest("invalid JSON body: %v", err))
@@ -248,14 +253,18 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ids := req.PromptTokenIDs
-	if len(ids) == 0 {
-		_, ids, err = e.model.EncodeChat(body)
+	// The dialect's token-ID field, if given; the others are ignored as that engine ignores them.
+	ids := req.chatIDs.pick(e.cfg.API)
+	tokenized := ids == nil
+	if tokenized {
+		ids, err = e.encodeChat(r.Context(), body)
 		if err != nil {
 			e.reject(w, asRequestError(err))
 			return
 		}
+		e.countTokenized()
 	}
+	w.Header().Set(HeaderPromptTokenized, strconv.FormatBool(tokenized))
 	e.serve(w, r, s, [][]uint32{ids}, true)
 }
 
@@ -274,45 +283,52 @@ type completionRequest struct {
 
 // parsePrompts decodes a completions prompt: a string, a token-ID list, or a non-empty list of either.
 func (e *Engine) parsePrompts(raw json.RawMessage) ([][]uint32, error) {
+	p, _, err := e.parsePromptsCounted(raw)
+	return p, err
+}
+
+// parsePromptsCounted is parsePrompts that also returns how many of the prompts were text it tokenized.
+func (e *Engine) parsePromptsCounted(raw json.RawMessage) (_ [][]uint32, texts int, _ error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil, badRequest("prompt is required")
+		return nil, 0, badRequest("prompt is required")
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return [][]uint32{e.model.EncodeCompletion(s)}, nil
+		return [][]uint32{e.model.EncodeCompletion(s)}, 1, nil
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, badRequest("prompt must be a string, a list of token IDs, or a list of those")
+		return nil, 0, badRequest("prompt must be a string, a list of token IDs, or a list of those")
 	}
 	if len(items) == 0 {
-		return nil, badRequest("prompt must not be empty")
+		return nil, 0, badRequest("prompt must not be empty")
 	}
 	first := bytes.TrimSpace(items[0])
 	if len(first) > 0 && (first[0] == '-' || (first[0] >= '0' && first[0] <= '9')) {
 		var ids []uint32
 		if err := json.Unmarshal(raw, &ids); err != nil {
-			return nil, badRequest("prompt token IDs must be integers in [0, 2^32): %v", err)
+			return nil, 0, badRequest("prompt token IDs must be integers in [0, 2^32): %v", err)
 		}
-		return [][]uint32{ids}, nil
+		return [][]uint32{ids}, 0, nil
 	}
 	out := make([][]uint32, 0, len(items))
 	for i, it := range items {
 		if err := json.Unmarshal(it, &s); err == nil {
 			out = append(out, e.model.EncodeCompletion(s))
+			texts++
 			continue
 		}
 		var ids []uint32
 		if err := json.Unmarshal(it, &ids); err != nil {
-			return nil, badRequest("prompt[%d] must be a string or a list of token IDs in [0, 2^32)", i)
+			return nil, 0, badRequest("prompt[%d] must be a string or a list of token IDs in [0, 2^32)", i)
 		}
 		if len(ids) == 0 {
-			return nil, badRequest("prompt[%d] must not be empty", i)
+			return nil, 0, badRequest("prompt[%d] must not be empty", i)
 		}
 		out = append(out, ids)
 	}
-	return out, nil
+	return out, texts, nil
 }
 
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -330,11 +346,15 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	prompts, err := e.parsePrompts(req.Prompt)
+	prompts, texts, err := e.parsePromptsCounted(req.Prompt)
 	if err != nil {
 		e.reject(w, err)
 		return
 	}
+	for range texts {
+		e.countTokenized()
+	}
+	w.Header().Set(HeaderPromptTokenized, strconv.FormatBool(texts > 0))
 	e.serve(w, r, s, prompts, false)
 }
 
@@ -715,7 +735,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Prompt != nil:
 		ids = e.model.EncodeCompletion(*req.Prompt)
 	case len(req.Messages) > 0:
-		if _, ids, err = e.model.EncodeChat(body); err != nil {
+		if ids, err = e.encodeChat(r.Context(), body); err != nil {
 			writeErr(w, asRequestError(err))
 			return
 		}

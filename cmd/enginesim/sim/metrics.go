@@ -36,7 +36,10 @@ var (
 		7.5, 10.0, 20.0, 40.0, 80.0}
 )
 
-func newMetrics(modelName string) *metrics {
+// newMetrics builds one engine's collectors. With api APISGLang the three load gauges a router scrapes carry
+// SGLang's names (sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage: the ones
+// gateway/endpoints reads for SGLang) instead of vLLM's; the other series keep vLLM's names.
+func newMetrics(modelName, api string) *metrics {
 	reg := prometheus.NewRegistry()
 	l := prometheus.Labels{"model_name": modelName}
 	gauge := func(name, help string) prometheus.Gauge {
@@ -66,9 +69,15 @@ func newMetrics(modelName string) *metrics {
 	m.startTime = prometheus.NewGauge(prometheus.GaugeOpts{Name: "process_start_time_seconds",
 		Help: "Start time of the process since unix epoch in seconds."})
 	reg.MustRegister(m.startTime)
-	m.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-	m.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-	m.usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+	if api == APISGLang {
+		m.running = gauge("sglang:num_running_reqs", "The number of running requests.")
+		m.waiting = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+		m.usage = gauge("sglang:token_usage", "The token usage.")
+	} else {
+		m.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+		m.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+		m.usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+	}
 	m.peakRunning = gauge("enginesim:peak_running_requests", "Highest number of requests ever running at once (at most --max-num-seqs).")
 	m.peakInFlight = gauge("enginesim:peak_inflight_requests", "Highest number of requests ever held at once, running plus waiting (what clients sent concurrently).")
 	m.prefixQueries = counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.")

@@ -52,4 +52,6 @@ func (h *hfModel) EncodeChat(body []byte) (string, []uint32, error) { return h.m
 
 func (h *hfModel) EncodeCompletion(prompt string) []uint32 { return h.m.EncodeCompletion(prompt) }
 
+func (h *hfModel) EncodeText(text string) []uint32 { return h.m.Tokenizer().Encode(text, false) }
+
 func (h *hfModel) Decode(ids []uint32) string { return h.m.Tokenizer().Decode(ids) }

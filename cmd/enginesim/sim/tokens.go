@@ -15,6 +15,8 @@ type textModel interface {
 	EncodeChat(body []byte) (prompt string, ids []uint32, err error)
 	// EncodeCompletion tokenizes a completion prompt, adding special tokens (BOS) as vLLM does.
 	EncodeCompletion(prompt string) []uint32
+	// EncodeText tokenizes text without adding special tokens.
+	EncodeText(text string) []uint32
 	// Decode turns token IDs back into text.
 	Decode(ids []uint32) string
 	// Kind names the pipeline for /v1/models and logs ("tokenizer" or "bytes").
@@ -30,6 +32,8 @@ type byteModel struct{}
 func (byteModel) Kind() string { return "bytes" }
 
 func (byteModel) EncodeCompletion(prompt string) []uint32 { return bytesToIDs(prompt) }
+
+func (byteModel) EncodeText(text string) []uint32 { return bytesToIDs(text) }
 
 func (byteModel) Decode(ids []uint32) string {
 	b := make([]byte, 0, len(ids))

@@ -1,0 +1,90 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/driftguard"
+	"github.com/kvgate/kvgate/gateway/endpoints"
+	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/upstream"
+)
+
+// tokenIDs is the gateway's chat token-ID forwarding: each endpoint's chat_token_ids field and the drift
+// guard that decides whether it may be used now.
+type tokenIDs struct {
+	modes map[string]string // endpoint ID → config.ChatTokenIDs* (off when absent)
+	guard *driftguard.Guard
+}
+
+// newTokenIDs builds the chat token-ID state for cfg's endpoints; the guard's probes are not run yet.
+func newTokenIDs(g *Gateway, cfg *config.Config, encoders map[string]route.Encoder, eps *endpoints.Set) *tokenIDs {
+	t := &tokenIDs{modes: map[string]string{}}
+	var guarded []driftguard.Endpoint
+	encs := map[string]driftguard.Encoder{}
+	for _, m := range cfg.Models {
+		encs[m.Name] = encoders[m.Name]
+		for _, e := range m.Endpoints {
+			mode := e.ChatTokenIDs
+			if mode == "" {
+				mode = config.DefaultChatTokenIDs[e.Engine]
+			}
+			t.modes[e.ID] = mode
+			if mode != config.ChatTokenIDsOff {
+				guarded = append(guarded, driftguard.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL})
+			}
+		}
+	}
+	every := config.DefaultVerifyTokenIDsEvery
+	if cfg.VerifyTokenIDsEvery != nil {
+		every = *cfg.VerifyTokenIDsEvery
+	}
+	t.guard = driftguard.New(driftguard.Options{Endpoints: guarded, Encoders: encs, HTTP: g.upHTTP,
+		Healthy: func(id string) bool { return eps.Load(id).Healthy }, Every: every,
+		ResumeMatches: cfg.TokenIDsResumeMatches, RecheckInterval: cfg.TokenIDsRecheckInterval,
+		Timeout: 5 * time.Second, Registry: g.metrics.Registry, Log: g.log})
+	return t
+}
+
+// start runs one probe round on the healthy endpoints (bounded by ctx), then the guard's loop until run ends.
+func (t *tokenIDs) start(ctx, run context.Context, g *Gateway) {
+	t.guard.CheckAll(ctx)
+	g.wg.Go(func() { t.guard.Run(run) })
+}
+
+// engineBody is server.Options.EngineBody: completions as upstream.Body builds them; chat with its token
+// IDs in the endpoint's chat_token_ids field while the drift guard allows it, else the client's body,
+// counted by reason in kvgate_token_ids_skipped_total.
+func (t *tokenIDs) engineBody(p *route.Plan, c route.Candidate, body []byte) ([]byte, error) {
+	req := p.Request
+	if req.API != openai.Chat {
+		return upstream.Body(c.Engine, req, body, p.IDs)
+	}
+	mode := t.modes[c.ID]
+	if mode == "" || mode == config.ChatTokenIDsOff {
+		return body, nil
+	}
+	skip := p.TokenIDsSkip
+	switch {
+	case skip != "":
+	case p.IDs == nil:
+		return body, nil
+	case upstream.HasMediaParts(body):
+		skip = upstream.SkipMultimodal
+	case !t.guard.Allow(c.ID):
+		skip = upstream.SkipUnverified
+	}
+	if skip != "" {
+		t.guard.Skipped(c.ID, skip)
+		return body, nil
+	}
+	out, skip := upstream.ChatBody(mode, body, p.IDs)
+	if skip != "" {
+		t.guard.Skipped(c.ID, skip)
+		return body, nil
+	}
+	t.guard.Sent(c.ID, body, p.IDs)
+	return out, nil
+}
