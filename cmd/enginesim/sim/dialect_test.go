@@ -91,10 +91,11 @@ func TestDialects(t *testing.T) {
 		t.Fatalf("SGLang /v1/tokenize prompt list: %d %s", r.status, r.body)
 	}
 
-	// The load gauges a router scrapes carry each engine's names (the gateway's endpoints parser reads both).
+	// The load gauges a router scrapes carry each engine's names (the gateway's endpoints parser reads both);
+	// the fourth recognised sample is process_start_time_seconds, which both dialects export.
 	for e, names := range map[*Engine][2]string{vllm: {"vllm:num_requests_running", "sglang:"}, sgl: {"sglang:num_running_reqs", "vllm:num_requests"}} {
 		page := string(get(t, e, "/metrics").body)
-		if m := endpoints.ParseMetrics([]byte(page)); !strings.Contains(page, names[0]) || strings.Contains(page, names[1]) || m.Found != 3 {
+		if m := endpoints.ParseMetrics([]byte(page)); !strings.Contains(page, names[0]) || strings.Contains(page, names[1]) || m.Found != 4 || m.StartTime <= 0 {
 			t.Fatalf("metrics of the %q dialect: %d load samples found\n%s", e.cfg.API, m.Found, page)
 		}
 	}
