@@ -25,6 +25,7 @@ import (
 	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/tpu"
 )
 
 // Options start a Gateway.
@@ -64,6 +65,8 @@ type Gateway struct {
 	models    map[string]server.ServedModel
 	// policySync propagates admin policy changes through the store (nil with the memory store).
 	policySync *policySync
+	// tpu is the TPU slice allocator on the gateway's store (admin /admin/v1/tpu/...).
+	tpu *tpu.Allocator
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -106,6 +109,14 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		pinger = st
 		epocher = redisEpoch{st.Redis}
 	}
+	if st.Redis != nil {
+		if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{}); err != nil {
+			return nil, fmt.Errorf("gateway: tpu allocator: %w", err)
+		}
+	} else {
+		g.tpu = tpu.NewMemory(nil)
+	}
+	g.metrics.Registry.MustRegister(g.tpu.Metrics())
 	if mi, ok := st.Index.(*kvstore.MemoryIndex); ok {
 		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
 			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
@@ -286,6 +297,9 @@ func (g *Gateway) Metrics() *metrics.Metrics { return g.metrics }
 // Reservations returns the store's reservations (nil when none).
 func (g *Gateway) Reservations() kvstore.Reservations { return g.res }
 
+// TPU returns the TPU slice allocator on the gateway's store.
+func (g *Gateway) TPU() *tpu.Allocator { return g.tpu }
+
 // Index returns the KV index.
 func (g *Gateway) Index() kvstore.Index { return g.index }
 
@@ -349,7 +363,15 @@ func (g *Gateway) readyDetails() map[string]any {
 	for _, s := range g.IngestStats() {
 		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.ConfigError}
 	}
-	return map[string]any{"ingestion": out}
+	pools := []string{}
+	if g.tpu != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if p, err := g.tpu.Pools(ctx); err == nil && p != nil {
+			pools = p
+		}
+		cancel()
+	}
+	return map[string]any{"ingestion": out, "tpu_pools": pools}
 }
 
 // registerIngestMetrics exposes event lag, gaps and replays per endpoint from the ingesters' stats.
