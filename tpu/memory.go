@@ -102,7 +102,7 @@ func (m *memory) reserve(_ context.Context, pool string, q *request) (*leaseRec,
 	r := pl.slice
 	p.fence++
 	l := &leaseRec{ID: leaseID(r.ID, Shape{N: r.N, D: pl.shape}, pl.index), Slice: r.ID, Kind: "subslice", S: pl.shape,
-		Origin: pl.origin, Index: pl.index, Holder: q.Holder, Token: p.fence, Exp: m.now().UnixMilli() + q.TTLms}
+		Origin: pl.origin, PD: r.D, Index: pl.index, Holder: q.Holder, Token: p.fence, Exp: m.now().UnixMilli() + q.TTLms}
 	if q.Whole {
 		l.Kind = "slice"
 	}

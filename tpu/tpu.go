@@ -303,6 +303,7 @@ type leaseRec struct {
 	Kind   string `json:"kind"` // "slice" or "subslice"
 	S      [3]int `json:"s"`
 	Origin [3]int `json:"o"`
+	PD     [3]int `json:"pd"` // the parent slice's extents
 	Index  int    `json:"idx"`
 	Holder string `json:"holder"`
 	Token  int64  `json:"token"`

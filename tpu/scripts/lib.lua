@@ -16,31 +16,31 @@ local function spec(id)
   return specs[id]
 end
 local function nchips(sp) return sp.d[1] * sp.d[2] * sp.d[3] end
-local function readOwners(id, n)
-  local s = redis.call('HGET', KEYS[2], id)
-  local o = {}
-  for i = 1, n do o[i] = tonumber(string.sub(s, (i - 1) * W + 1, i * W)) end
-  return o
+local ZERO = string.rep('0', W)
+local function tok12(t) return string.format('%012d', t) end
+-- rewrite returns the owner string s of slice sp with the tile (origin o, extents e) set to 'to' (a 12-digit
+-- token) where it holds 'from' (nil: everywhere), rebuilding only the tile's rows.
+local function rewrite(d, s, o, e, from, to)
+  local parts, n, pos = {}, 0, 1
+  for z = 0, e[3] - 1 do for y = 0, e[2] - 1 do
+    local a = ((o[1]) + (o[2] + y) * d[1] + (o[3] + z) * d[1] * d[2]) * W + 1
+    n = n + 1; parts[n] = string.sub(s, pos, a - 1)
+    for x = 0, e[1] - 1 do
+      local b = a + x * W
+      local cur = string.sub(s, b, b + W - 1)
+      n = n + 1
+      if from == nil or cur == from then parts[n] = to else parts[n] = cur end
+    end
+    pos = a + e[1] * W
+  end end
+  n = n + 1; parts[n] = string.sub(s, pos)
+  return table.concat(parts)
 end
-local function writeOwners(id, o)
-  local p = {}
-  for i = 1, #o do p[i] = string.format('%012d', o[i]) end
-  redis.call('HSET', KEYS[2], id, table.concat(p))
-end
--- sets the chips of tile (origin o, extents s) that hold 'from' to 'to'
-local function tileSet(sp, owners, o, s, from, to)
-  local d = sp.d
-  for z = 0, s[3] - 1 do for y = 0, s[2] - 1 do for x = 0, s[1] - 1 do
-    local k = (o[1] + x) + (o[2] + y) * d[1] + (o[3] + z) * d[1] * d[2] + 1
-    if from == nil or owners[k] == from then owners[k] = to end
-  end end end
-end
+-- frees a lease's chips (l.pd: the parent's extents, so the slice JSON need not be decoded)
 local function freeLease(l)
-  local sp = spec(l.slice)
-  if sp then
-    local o = readOwners(l.slice, nchips(sp))
-    tileSet(sp, o, l.o, l.s, l.token, 0)
-    writeOwners(l.slice, o)
+  local s = redis.call('HGET', KEYS[2], l.slice)
+  if s then
+    redis.call('HSET', KEYS[2], l.slice, rewrite(l.pd, s, l.o, l.s, tok12(l.token), ZERO))
   end
 end
 local reaped = 0

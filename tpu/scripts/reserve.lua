@@ -14,29 +14,39 @@ local floor = math.floor
 
 local function unavail(sp, id)
   local d, hb, hg = sp.d, sp.hb, sp.hg
-  local o = readOwners(id, nchips(sp))
+  local o = redis.call('HGET', KEYS[2], id)
   local mask = redis.call('HGET', KEYS[3], id)
   local u = {}
-  for z = 0, d[3] - 1 do for y = 0, d[2] - 1 do for x = 0, d[1] - 1 do
-    local k = x + y * d[1] + z * d[1] * d[2] + 1
-    local w = floor(x / hb[1]) + floor(y / hb[2]) * hg[1] + floor(z / hb[3]) * hg[1] * hg[2] + 1
-    if o[k] ~= 0 or string.sub(mask, w, w) == '1' then u[k] = 1 else u[k] = 0 end
-  end end end
+  local k = 0
+  for z = 0, d[3] - 1 do for y = 0, d[2] - 1 do
+    local wyz = floor(y / hb[2]) * hg[1] + floor(z / hb[3]) * hg[1] * hg[2] + 1
+    for x = 0, d[1] - 1 do
+      k = k + 1
+      local w = floor(x / hb[1]) + wyz
+      if string.sub(o, (k - 1) * W + 1, k * W) ~= ZERO or string.sub(mask, w, w) == '1' then u[k] = 1 else u[k] = 0 end
+    end
+  end end
   return o, u
 end
 local function sums(d, u)
-  local X, Y = d[1] + 1, d[2] + 1
+  -- summed-volume table P over (d+1)^3 with strides 1, X, XY; P at x,y,z (0-based) is P[1 + x + y*X + z*XY]
+  local X, XY = d[1] + 1, (d[1] + 1) * (d[2] + 1)
   local P = {}
-  for i = 1, X * Y * (d[3] + 1) do P[i] = 0 end
-  local function at(x, y, z) return x + y * X + z * X * Y + 1 end
-  for z = 1, d[3] do for y = 1, d[2] do for x = 1, d[1] do
-    P[at(x, y, z)] = u[(x - 1) + (y - 1) * d[1] + (z - 1) * d[1] * d[2] + 1] + P[at(x - 1, y, z)] + P[at(x, y - 1, z)] + P[at(x, y, z - 1)]
-      - P[at(x - 1, y - 1, z)] - P[at(x - 1, y, z - 1)] - P[at(x, y - 1, z - 1)] + P[at(x - 1, y - 1, z - 1)]
-  end end end
+  for i = 1, XY * (d[3] + 1) do P[i] = 0 end
+  local k = 0
+  for z = 1, d[3] do for y = 1, d[2] do
+    local i = 1 + 1 + y * X + z * XY
+    for x = 1, d[1] do
+      k = k + 1
+      P[i] = u[k] + P[i - 1] + P[i - X] + P[i - XY] - P[i - 1 - X] - P[i - 1 - XY] - P[i - X - XY] + P[i - 1 - X - XY]
+      i = i + 1
+    end
+  end end
   return function(o, s)
-    local x0, y0, z0, x1, y1, z1 = o[1], o[2], o[3], o[1] + s[1], o[2] + s[2], o[3] + s[3]
-    return P[at(x1, y1, z1)] - P[at(x0, y1, z1)] - P[at(x1, y0, z1)] - P[at(x1, y1, z0)]
-      + P[at(x0, y0, z1)] + P[at(x0, y1, z0)] + P[at(x1, y0, z0)] - P[at(x0, y0, z0)]
+    local b = 1 + o[1] + o[2] * X + o[3] * XY
+    local sx, sy, sz = s[1], s[2] * X, s[3] * XY
+    return P[b + sx + sy + sz] - P[b + sy + sz] - P[b + sx + sz] - P[b + sx + sy]
+      + P[b + sz] + P[b + sy] + P[b + sx] - P[b]
   end
 end
 local function eq3(a, b) return a[1] == b[1] and a[2] == b[2] and a[3] == b[3] end
@@ -176,9 +186,8 @@ if q.whole then kind = 'slice' end
 local sub = false
 for i = 1, 3 do if pick.s[i] % sp.hb[i] ~= 0 then sub = true end end
 local l = {id = sp.id .. '.' .. shapeStr(sp.nd, pick.s) .. '.' .. pick.idx, slice = sp.id, kind = kind, s = pick.s,
-  o = pick.o, idx = pick.idx, holder = q.holder, token = token, exp = now + q.ttl, sub = sub}
-tileSet(sp, pick.owners, pick.o, pick.s, nil, token)
-writeOwners(sp.id, pick.owners)
+  o = pick.o, pd = sp.d, idx = pick.idx, holder = q.holder, token = token, exp = now + q.ttl, sub = sub}
+redis.call('HSET', KEYS[2], sp.id, rewrite(sp.d, pick.owners, pick.o, pick.s, nil, tok12(token)))
 local j = cjson.encode(l)
 redis.call('HSET', KEYS[4], l.id, j)
 redis.call('ZADD', KEYS[5], l.exp, l.id)
