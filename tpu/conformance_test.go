@@ -381,6 +381,11 @@ func runConformance(t *testing.T, newBackend backendFactory) {
 		if err := a.Register(ctx, p, SliceSpec{ID: "a", Generation: "v6e", Topology: "3x3", Hosts: hostsN("a", 2)}); !errors.Is(err, ErrInvalidShape) {
 			t.Fatalf("3x3 slice: %v", err)
 		}
+		for _, bad := range []string{"a{b}", "", "a b", "x}"} { // a brace would move the pool's keys to another slot
+			if err := a.Register(ctx, bad, SliceSpec{ID: "s", Generation: "v6e", Topology: "4x4", Hosts: hostsN("s", 4)}); !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("pool %q: %v", bad, err)
+			}
+		}
 		pools, err := a.Pools(ctx)
 		if err != nil || !slices.Contains(pools, p) {
 			t.Fatalf("pools %v %v", pools, err)
