@@ -5,7 +5,7 @@ export GOFLAGS := -buildvcs=false
 
 GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
-RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/...
+RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
 .PHONY: run run-dialects test test-unit test-race lint bench models policies goldens tidy
 

@@ -26,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/tpu"
 )
 
 // Options start a Gateway.
@@ -73,6 +74,8 @@ type Gateway struct {
 	upHTTP *http.Client
 	// tokens forwards chat token IDs and runs their drift guard.
 	tokens *tokenIDs
+	// tpu is the TPU slice allocator on the gateway's store (admin /admin/v1/tpu/...).
+	tpu *tpu.Allocator
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -123,6 +126,14 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		pinger = st
 		epocher = redisEpoch{st.Redis}
 	}
+	if st.Redis != nil {
+		if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{}); err != nil {
+			return nil, fmt.Errorf("gateway: tpu allocator: %w", err)
+		}
+	} else {
+		g.tpu = tpu.NewMemory(nil)
+	}
+	g.metrics.Registry.MustRegister(g.tpu.Metrics())
 	if mi, ok := st.Index.(*kvstore.MemoryIndex); ok {
 		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
 			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
@@ -312,6 +323,9 @@ func (g *Gateway) Metrics() *metrics.Metrics { return g.metrics }
 // Reservations returns the store's reservations (nil when none).
 func (g *Gateway) Reservations() kvstore.Reservations { return g.res }
 
+// TPU returns the TPU slice allocator on the gateway's store.
+func (g *Gateway) TPU() *tpu.Allocator { return g.tpu }
+
 // Index returns the KV index.
 func (g *Gateway) Index() kvstore.Index { return g.index }
 
@@ -377,7 +391,15 @@ func (g *Gateway) readyDetails() map[string]any {
 	for _, s := range g.IngestStats() {
 		out[string(s.Endpoint)] = ing{s.Connected, s.Lag.Seconds(), s.Gaps, s.Replays, s.Resyncing, s.Demotions, s.Restarts, s.ConfigError}
 	}
-	d := map[string]any{"ingestion": out, "policies": g.policySync.serving(), "token_ids": g.tokens.guard.Status()}
+	pools := []string{}
+	if g.tpu != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if p, err := g.tpu.Pools(ctx); err == nil && p != nil {
+			pools = p
+		}
+		cancel()
+	}
+	d := map[string]any{"ingestion": out, "policies": g.policySync.serving(), "token_ids": g.tokens.guard.Status(), "tpu_pools": pools}
 	if g.policyUnconfirmed.Load() {
 		d["policy_unconfirmed"] = true
 	}

@@ -31,5 +31,6 @@ func subcommands() []*cobra.Command {
 		newPolicyCmd(policyAdminCmds()...),
 		newServeCmd(),
 		newTokenizeCmd(),
+		newTPUCmd(),
 	}
 }
