@@ -84,8 +84,9 @@ type Config struct {
 	MaxPolicyBytes int64 `yaml:"max_policy_bytes"`
 	// ClientIdleTimeout closes idle client keep-alive connections (default 120s).
 	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
-	// UpstreamIdleTimeout fails an upstream response that sends no byte for this long (default 10m). There is
-	// no total timeout: a stream may run as long as it keeps sending.
+	// UpstreamIdleTimeout fails an upstream response body that sends no byte for this long (default 10m):
+	// silence between bytes. A stream may run as long as it keeps sending; the wait for the response's
+	// headers is bounded by upstream_first_byte_timeout (streams) or upstream_total_timeout.
 	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
 	// ScrapeInterval is how often each endpoint's /metrics and /health are read (default 250ms).
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
@@ -103,6 +104,8 @@ type Config struct {
 	Models []Model `yaml:"models"`
 	// Simulate, when set, starts simulated engines in-process (make run, demos).
 	Simulate *Simulate `yaml:"simulate"`
+	// FrontDoor holds the client-connection, upstream-timeout, retry and exposure keys (frontdoor.go).
+	FrontDoor `yaml:",inline"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -294,6 +297,7 @@ func (c *Config) applyDefaults() {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	c.FrontDoor.applyDefaults()
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -362,6 +366,7 @@ func (c *Config) Validate() error {
 	if c.DefaultOutputTokens < 0 {
 		bad("default_output_tokens", "must not be negative")
 	}
+	c.FrontDoor.validate(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -454,6 +459,8 @@ type Secrets struct {
 	ClientAPIKeys []string
 	// StorePassword is the Redis password, if any.
 	StorePassword string
+	// MetricsToken is the bearer token for /metrics on listen (metrics_token_env), if any.
+	MetricsToken string
 }
 
 // Secrets reads the environment variables named by c using getenv (os.Getenv in production).
@@ -468,6 +475,9 @@ func (c *Config) Secrets(getenv func(string) string) Secrets {
 	}
 	if c.Store.PasswordEnv != "" {
 		s.StorePassword = getenv(c.Store.PasswordEnv)
+	}
+	if c.MetricsTokenEnv != "" {
+		s.MetricsToken = strings.TrimSpace(getenv(c.MetricsTokenEnv))
 	}
 	return s
 }

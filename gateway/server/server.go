@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,6 +96,11 @@ type Server struct {
 	// requests caches kvgate_requests_total children by requestKey (a per-request WithLabelValues hashes
 	// three labels and formats the status).
 	requests sync.Map
+	// trusted are the trusted_proxies prefixes; clients caps requests per X-Forwarded-For address behind
+	// them; retries is the retry budget.
+	trusted []netip.Prefix
+	clients *clientLimiter
+	retries *retryBudget
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -106,25 +112,36 @@ type requestKey struct {
 // New builds the Fiber app.
 func New(o Options) *Server {
 	base, stop := context.WithCancel(context.Background())
-	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop}
+	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop, retries: newRetryBudget(o.Config.RetryBudget)}
+	for _, p := range o.Config.TrustedProxies {
+		if pr, err := config.ParseTrustedProxy(p); err == nil { // validated by config
+			s.trusted = append(s.trusted, pr)
+		}
+	}
+	s.clients = &clientLimiter{max: o.Config.MaxConnectionsPerIP, trusted: s.trusted, n: map[netip.Addr]int{}}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "kvgate",
 		BodyLimit:             int(o.Config.MaxBodyBytes),
 		IdleTimeout:           o.Config.ClientIdleTimeout,
+		ReadTimeout:           o.Config.ClientHeaderTimeout, // headers; the body gets client_body_timeout (headerReceived)
+		WriteTimeout:          o.Config.ClientWriteTimeout,
 		ReadBufferSize:        16 << 10,
 		CaseSensitive:         true,
 		StrictRouting:         false,
 		DisableStartupMessage: true,
 		ErrorHandler:          s.errorHandler,
 	})
+	s.app.Server().HeaderReceived = s.headerReceived
 	s.app.Use(s.auth)
 	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
 	s.app.Post("/v1/completions", s.generate(openai.Completions))
 	s.app.Get("/v1/models", s.listModels)
 	s.app.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	s.app.Get("/readyz", s.readyz)
-	prom := adaptor.HTTPHandler(promhttp.HandlerFor(o.Metrics.Registry, promhttp.HandlerOpts{}))
-	s.app.Get("/metrics", func(c *fiber.Ctx) error { s.refreshGauges(); return prom(c) })
+	if o.Config.MetricsListen == "" { // else served on its own listener only (ServeMetrics)
+		prom := adaptor.HTTPHandler(promhttp.HandlerFor(o.Metrics.Registry, promhttp.HandlerOpts{}))
+		s.app.Get("/metrics", func(c *fiber.Ctx) error { s.refreshGauges(); return prom(c) })
+	}
 	if o.Admin != nil {
 		o.Admin(s.app.Group("/admin/v1"))
 	}
@@ -139,8 +156,26 @@ func New(o Options) *Server {
 // App returns the Fiber app (tests use App().Test; the admin package adds routes through Options.Admin).
 func (s *Server) App() *fiber.App { return s.app }
 
-// Serve serves on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
+// Serve serves on ln until Shutdown. Accept errors never end it (they are logged, counted and retried after
+// a back-off); connections over max_connections / max_connections_per_ip are closed at once. It returns
+// only after Shutdown or when ln is closed.
+func (s *Server) Serve(ln net.Listener) error {
+	cfg := s.o.Config
+	return s.app.Listener(newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log))
+}
+
+// MetricsHandler serves /metrics for a separate listener (metrics_listen).
+func (s *Server) MetricsHandler() http.Handler {
+	prom := promhttp.HandlerFor(s.o.Metrics.Registry, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		s.refreshGauges()
+		prom.ServeHTTP(w, r)
+	})
+}
 
 // Shutdown stops accepting, cancels in-flight upstream requests (their leases are released) and waits up to
 // ctx for handlers to end.
@@ -163,6 +198,14 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
 		if fe.Code == fiber.StatusRequestEntityTooLarge {
+			// A request refused on its headers had a one-byte body limit (headerReceived): answer the
+			// refusal, not the 413. fasthttp closes the connection after this answer.
+			if e, gen := s.refusal(&c.Request().Header); e != nil {
+				if gen {
+					s.count(UnknownModel, "", e.Status)
+				}
+				return sendError(c, e)
+			}
 			if norm, ok := NormalizePath(string(c.Request().URI().PathOriginal())); ok && isGeneratePath(norm) {
 				s.count(UnknownModel, "", fe.Code) // the body was never read: its model is unknown
 			}

@@ -1,0 +1,246 @@
+package server
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/gateway/openai"
+)
+
+// smallBodyLimit is the body limit of routes that take no body (GET /v1/models, /healthz, ...) and of a
+// request refused on its headers: fasthttp then refuses to read a larger body and closes the connection.
+const smallBodyLimit = 64 << 10
+
+// refusedBodyLimit is the body limit of a request refused on its headers (fasthttp takes 0 as "default").
+const refusedBodyLimit = 1
+
+// headerReceived runs after a request's headers and before its body is read (fasthttp's HeaderReceived):
+// it sets the body-read deadline (client_body_timeout) and the body limit. A request that will be refused
+// (no or wrong bearer token, ambiguous framing) gets a limit of one byte, so its body is never read: a
+// larger declared body fails at once, and errorHandler answers the refusal (401/400) instead of the 413.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	rc := fasthttp.RequestConfig{ReadTimeout: s.o.Config.ClientBodyTimeout, WriteTimeout: s.o.Config.ClientWriteTimeout}
+	if e, _ := s.refusal(h); e != nil {
+		rc.MaxRequestBodySize = refusedBodyLimit
+		return rc
+	}
+	norm, ok := NormalizePath(string(rawPath(h)))
+	switch {
+	case !ok:
+		rc.MaxRequestBodySize = smallBodyLimit
+	case isGeneratePath(norm), IsAdminPath(norm):
+		rc.MaxRequestBodySize = int(s.o.Config.MaxBodyBytes)
+	default:
+		rc.MaxRequestBodySize = smallBodyLimit
+	}
+	return rc
+}
+
+// refusal decides a request on its headers alone: ambiguous framing (400, the connection must be closed),
+// or a missing or wrong bearer token (401). generate says the path is a generation API (for counting).
+func (s *Server) refusal(h *fasthttp.RequestHeader) (e *openai.Error, generate bool) {
+	raw := string(rawPath(h))
+	norm, ok := NormalizePath(raw)
+	generate = ok && isGeneratePath(norm)
+	if msg := framingError(h.RawHeaders()); msg != "" {
+		return openai.Errorf(fiber.StatusBadRequest, "invalid_request_error", "", "bad_framing", "%s", msg), generate
+	}
+	authz := string(h.Peek(fiber.HeaderAuthorization))
+	if !ok {
+		// Undecodable: authenticate as admin if it might be one, else let routing 404 it.
+		if strings.Contains(strings.ToLower(raw), "admin") && !tokenOK(bearerOf(authz), s.secrets.AdminToken) {
+			return openai.Unauthorized(), false
+		}
+		return nil, false
+	}
+	if IsAdminPath(norm) {
+		if !tokenOK(bearerOf(authz), s.secrets.AdminToken) {
+			return openai.Unauthorized(), false
+		}
+		return nil, false
+	}
+	if norm == "/metrics" && s.metricsNeedToken() {
+		got := bearerOf(authz)
+		if !tokenOK(got, s.secrets.AdminToken) && !tokenOK(got, s.secrets.MetricsToken) {
+			return openai.Unauthorized(), false
+		}
+		return nil, false
+	}
+	if len(s.secrets.ClientAPIKeys) > 0 && (norm == "/v1" || strings.HasPrefix(norm, "/v1/")) {
+		got := bearerOf(authz)
+		okKey := 0
+		for _, k := range s.secrets.ClientAPIKeys {
+			okKey |= subtle.ConstantTimeCompare([]byte(got), []byte(k))
+		}
+		if got == "" || okKey != 1 {
+			return openai.Unauthorized(), generate && string(h.Method()) == fiber.MethodPost
+		}
+	}
+	return nil, false
+}
+
+// metricsNeedToken says whether /metrics on listen needs a bearer token: when a metrics token is set, or
+// when client keys are (an open /metrics beside closed /v1 routes would expose the traffic).
+func (s *Server) metricsNeedToken() bool {
+	return s.secrets.MetricsToken != "" || len(s.secrets.ClientAPIKeys) > 0
+}
+
+// rawPath returns the request's path as sent (percent-escapes kept), as routing's URI().PathOriginal()
+// sees it, also for an absolute-form request target.
+func rawPath(h *fasthttp.RequestHeader) []byte {
+	var u fasthttp.URI
+	if err := u.Parse(nil, h.RequestURI()); err != nil {
+		return h.RequestURI()
+	}
+	return u.PathOriginal()
+}
+
+func bearerOf(h string) string {
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// framingError returns why a request's body framing is ambiguous (RFC 9112 §6.1, §6.3), or "": both
+// Content-Length and Transfer-Encoding, more than one Content-Length, or a Transfer-Encoding other than
+// exactly one "chunked". raw is the request's header block as received.
+func framingError(raw []byte) string {
+	var cl, te int
+	var teVal []byte
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 {
+			continue
+		}
+		name := line[:colon]
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			cl++
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			te++
+			teVal = line[colon+1:]
+		}
+	}
+	switch {
+	case cl > 0 && te > 0:
+		return "A request may not carry both Content-Length and Transfer-Encoding."
+	case cl > 1:
+		return "A request may carry one Content-Length header."
+	case te > 1:
+		return "A request may carry one Transfer-Encoding header."
+	case te == 1 && !bytes.EqualFold(bytes.Trim(teVal, " "), []byte("chunked")):
+		return "Transfer-Encoding must be exactly `chunked`."
+	}
+	return ""
+}
+
+// clientLimiter caps concurrent requests per X-Forwarded-For client address of trusted proxies (the
+// proxies' own connections are not capped per address).
+type clientLimiter struct {
+	max     int
+	trusted []netip.Prefix
+	mu      sync.Mutex
+	n       map[netip.Addr]int
+}
+
+// acquire takes a slot for the client behind c; ok is false over the cap. release must be called once
+// when ok.
+func (l *clientLimiter) acquire(c *fiber.Ctx) (release func(), ok bool) {
+	if l == nil || l.max <= 0 || len(l.trusted) == 0 {
+		return func() {}, true
+	}
+	peer := peerAddr(c.Context().RemoteAddr())
+	if !trustedPeer(l.trusted, peer) {
+		return func() {}, true
+	}
+	ip, found := forwardedClient(string(c.Request().Header.Peek(fiber.HeaderXForwardedFor)), l.trusted)
+	if !found {
+		return func() {}, true
+	}
+	l.mu.Lock()
+	if l.n[ip] >= l.max {
+		l.mu.Unlock()
+		return nil, false
+	}
+	l.n[ip]++
+	l.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			if l.n[ip]--; l.n[ip] <= 0 {
+				delete(l.n, ip)
+			}
+			l.mu.Unlock()
+		})
+	}, true
+}
+
+// forwardedClient returns the client address of an X-Forwarded-For chain: the right-most entry that is not
+// a trusted proxy (entries left of it could be written by the client).
+func forwardedClient(xff string, trusted []netip.Prefix) (netip.Addr, bool) {
+	parts := strings.Split(xff, ",")
+	for i := len(parts) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(strings.TrimSpace(parts[i]))
+		if err != nil {
+			return netip.Addr{}, false
+		}
+		a = a.Unmap()
+		if !trustedPeer(trusted, a) {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// retryBudget allows retries to be at most a share of requests: each request deposits share, each retry
+// withdraws one, and the bucket holds at most retryBudgetMax (it starts full).
+type retryBudget struct {
+	share float64
+	mu    sync.Mutex
+	level float64
+}
+
+const retryBudgetMax = 10
+
+func newRetryBudget(share float64) *retryBudget {
+	return &retryBudget{share: share, level: retryBudgetMax}
+}
+
+func (b *retryBudget) deposit() {
+	b.mu.Lock()
+	b.level = min(b.level+b.share, retryBudgetMax)
+	b.mu.Unlock()
+}
+
+func (b *retryBudget) withdraw() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.level < 1 {
+		return false
+	}
+	b.level--
+	return true
+}
+
+// setWriteDeadline bounds the next write to the client by client_write_timeout (0: none).
+func setWriteDeadline(c *fasthttp.RequestCtx, d time.Duration) {
+	if d > 0 {
+		c.Conn().SetWriteDeadline(time.Now().Add(d))
+	}
+}
