@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -152,5 +153,154 @@ func TestStoppedWhenServingEnds(t *testing.T) {
 	case err := <-g.Stopped():
 		t.Fatalf("a second Stopped after Close: %v", err)
 	default:
+	}
+}
+
+// closedWithin reads c until the server closes it or d passes; it returns what was read and whether the
+// server closed the connection (EOF or reset) in time.
+func closedWithin(c net.Conn, d time.Duration) (string, bool) {
+	c.SetReadDeadline(time.Now().Add(d))
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := c.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return b.String(), false
+			}
+			return b.String(), true
+		}
+	}
+}
+
+func dial(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Issue 10 (2): with client keys on, an unauthenticated request is refused on its headers: the 401 comes
+// back while the declared 60 MB body (or an endless chunked one) is still unsent, and the connection is
+// closed. Before the fix the whole body was read first (RSS grew by the bodies' size). An authenticated
+// chunked upload over max_body_bytes gets 413 and a closed connection.
+func TestAuthBeforeBody(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "client_api_keys_env: KVGATE_TEST_KEYS\n"))
+	addr := g.Addr()
+	type result struct {
+		resp   string
+		closed bool
+	}
+	const n = 24
+	res := make(chan result, n)
+	for range n {
+		go func() {
+			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err != nil {
+				res <- result{err.Error(), false}
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 62914560\r\n\r\n")
+			c.Write([]byte(`{"model":"qwen3","messages":[`))
+			r, closed := closedWithin(c, 3*time.Second)
+			res <- result{r, closed}
+		}()
+	}
+	for range n {
+		r := <-res
+		if !strings.HasPrefix(r.resp, "HTTP/1.1 401") || !r.closed {
+			t.Fatalf("unauthenticated 60 MB POST: closed=%v response %q", r.closed, r.resp)
+		}
+	}
+	// An endless chunked upload without a key: 401 and closed, whatever the client keeps sending.
+	c := dial(t, addr)
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+	go func() {
+		chunk := fmt.Sprintf("%x\r\n%s\r\n", 65536, strings.Repeat("a", 65536))
+		for range 2000 { // at most 128 MiB
+			if _, err := io.WriteString(c, chunk); err != nil {
+				return
+			}
+		}
+	}()
+	if r, closed := closedWithin(c, 3*time.Second); !strings.HasPrefix(r, "HTTP/1.1 401") || !closed {
+		t.Fatalf("unauthenticated chunked upload: closed=%v %q", closed, r)
+	}
+	// Authenticated, over max_body_bytes (64 MiB), chunked: 413 and closed, long before 256 MiB were sent.
+	c = dial(t, addr)
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ck1\r\nTransfer-Encoding: chunked\r\n\r\n")
+	sent := make(chan int, 1)
+	go func() {
+		chunk := fmt.Sprintf("%x\r\n%s\r\n", 65536, strings.Repeat("a", 65536))
+		total := 0
+		for range 4096 {
+			if _, err := io.WriteString(c, chunk); err != nil {
+				break
+			}
+			total += 65536
+		}
+		sent <- total
+	}()
+	if r, closed := closedWithin(c, 5*time.Second); !strings.HasPrefix(r, "HTTP/1.1 413") || !closed {
+		t.Fatalf("authenticated oversize chunked upload: closed=%v %q", closed, r)
+	}
+	if total := <-sent; total >= 4096*65536 {
+		t.Fatalf("the client could send all %d bytes: the server kept reading", total)
+	}
+	// The limits do not get in the way of a client with a key.
+	st, _, body := post(t, "http://"+addr+"/v1/completions", `{"model":"qwen3","prompt":"hello","max_tokens":2}`, "Authorization", "Bearer ck1")
+	if st != 200 {
+		t.Fatalf("authenticated request: %d %s", st, body)
+	}
+	if v := scrapeMetric(t, "http://"+addr+"/metrics", `kvgate_requests_total{endpoint="",model="unknown",status="401"}`); v != n+1 {
+		t.Errorf("401s counted: %v, want %d", v, n+1)
+	}
+}
+
+// Issue 10 (3): a connection that sends nothing, a header sent a line at a time and a body sent a byte at a
+// time are all closed after client_header_timeout / client_body_timeout. Before the fix none was closed.
+func TestClientReadDeadlines(t *testing.T) {
+	g := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:1\"}\n",
+		"client_header_timeout: 1s\nclient_body_timeout: 1s\n"))
+	addr := g.Addr()
+	drip := func(c net.Conn, head string, step string) {
+		go func() {
+			io.WriteString(c, head)
+			for range 40 {
+				time.Sleep(250 * time.Millisecond)
+				if _, err := io.WriteString(c, step); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	silent := dial(t, addr)
+	hdr := dial(t, addr)
+	drip(hdr, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n", "X-Drip: 1\r\n")
+	body := dial(t, addr)
+	drip(body, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{", " ")
+	done := make(chan string, 3)
+	for name, c := range map[string]net.Conn{"silent": silent, "header drip": hdr, "body drip": body} {
+		go func() {
+			start := time.Now()
+			r, closed := closedWithin(c, 4*time.Second)
+			if !closed {
+				done <- fmt.Sprintf("%s: still open after %v (read %q)", name, time.Since(start).Round(time.Millisecond), r)
+				return
+			}
+			done <- ""
+		}()
+	}
+	for range 3 {
+		if msg := <-done; msg != "" {
+			t.Error(msg)
+		}
 	}
 }

@@ -47,6 +47,7 @@ func tokenOK(got, want string) bool {
 // are configured; ambiguous body framing is refused and the connection closed; everything else is open.
 // The same decision (refusal) already ran on the headers before the body was read (headerReceived).
 func (s *Server) auth(c *fiber.Ctx) error {
+	s.refused.del(&c.Request().Header)
 	if e, gen := s.refusal(&c.Request().Header); e != nil {
 		if gen {
 			s.count(UnknownModel, "", e.Status) // the body is not read for a refused client

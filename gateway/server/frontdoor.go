@@ -27,10 +27,12 @@ const refusedBodyLimit = 1
 // larger declared body fails at once, and errorHandler answers the refusal (401/400) instead of the 413.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	rc := fasthttp.RequestConfig{ReadTimeout: s.o.Config.ClientBodyTimeout, WriteTimeout: s.o.Config.ClientWriteTimeout}
-	if e, _ := s.refusal(h); e != nil {
+	if e, gen := s.refusal(h); e != nil {
 		rc.MaxRequestBodySize = refusedBodyLimit
+		s.refused.put(h, refused{e, gen})
 		return rc
 	}
+	s.refused.del(h)
 	norm, ok := NormalizePath(string(rawPath(h)))
 	switch {
 	case !ok:
@@ -41,6 +43,47 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 		rc.MaxRequestBodySize = smallBodyLimit
 	}
 	return rc
+}
+
+// refused is a request refused on its headers, remembered for errorHandler: a failed chunked body read
+// resets the request, headers included, so the decision cannot be taken again there.
+type refused struct {
+	e        *openai.Error
+	generate bool
+}
+
+// refusedSet maps a connection's request header (fasthttp reuses one per connection) to its refusal.
+// Entries are removed when answered; a connection that vanished mid-body may leave one, so the set is
+// emptied when it grows past refusedMax.
+type refusedSet struct {
+	mu sync.Mutex
+	m  map[*fasthttp.RequestHeader]refused
+}
+
+const refusedMax = 1 << 16
+
+func (r *refusedSet) put(h *fasthttp.RequestHeader, v refused) {
+	r.mu.Lock()
+	if r.m == nil || len(r.m) >= refusedMax {
+		r.m = map[*fasthttp.RequestHeader]refused{}
+	}
+	r.m[h] = v
+	r.mu.Unlock()
+}
+
+func (r *refusedSet) del(h *fasthttp.RequestHeader) {
+	r.mu.Lock()
+	delete(r.m, h)
+	r.mu.Unlock()
+}
+
+// take returns and forgets h's refusal.
+func (r *refusedSet) take(h *fasthttp.RequestHeader) (refused, bool) {
+	r.mu.Lock()
+	v, ok := r.m[h]
+	delete(r.m, h)
+	r.mu.Unlock()
+	return v, ok
 }
 
 // refusal decides a request on its headers alone: ambiguous framing (400, the connection must be closed),
@@ -96,7 +139,7 @@ func (s *Server) metricsNeedToken() bool {
 // sees it, also for an absolute-form request target.
 func rawPath(h *fasthttp.RequestHeader) []byte {
 	var u fasthttp.URI
-	if err := u.Parse(nil, h.RequestURI()); err != nil {
+	if err := u.Parse(h.Host(), h.RequestURI()); err != nil { // as fasthttp parses Request.URI()
 		return h.RequestURI()
 	}
 	return u.PathOriginal()

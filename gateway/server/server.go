@@ -101,6 +101,8 @@ type Server struct {
 	trusted []netip.Prefix
 	clients *clientLimiter
 	retries *retryBudget
+	// refused remembers the requests refused on their headers for errorHandler.
+	refused refusedSet
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -197,15 +199,15 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	}
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
-		if fe.Code == fiber.StatusRequestEntityTooLarge {
-			// A request refused on its headers had a one-byte body limit (headerReceived): answer the
-			// refusal, not the 413. fasthttp closes the connection after this answer.
-			if e, gen := s.refusal(&c.Request().Header); e != nil {
-				if gen {
-					s.count(UnknownModel, "", e.Status)
-				}
-				return sendError(c, e)
+		// A request refused on its headers had a one-byte body limit (headerReceived): answer the refusal,
+		// not the 413 (or the timeout). fasthttp closes the connection after this answer.
+		if r, ok := s.refused.take(&c.Request().Header); ok {
+			if r.generate {
+				s.count(UnknownModel, "", r.e.Status)
 			}
+			return sendError(c, r.e)
+		}
+		if fe.Code == fiber.StatusRequestEntityTooLarge {
 			if norm, ok := NormalizePath(string(c.Request().URI().PathOriginal())); ok && isGeneratePath(norm) {
 				s.count(UnknownModel, "", fe.Code) // the body was never read: its model is unknown
 			}
