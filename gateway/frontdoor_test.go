@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 )
 
 // fdChildEnv makes the test binary run TestListenerSurvivesFDExhaustion's gateway process.
@@ -302,5 +304,86 @@ func TestClientReadDeadlines(t *testing.T) {
 		if msg := <-done; msg != "" {
 			t.Error(msg)
 		}
+	}
+}
+
+// engineRequests returns how many requests the simulated engine has ended (finished, cancelled, refused
+// or failed by a fault), from its own /metrics.
+func engineRequests(t testing.TB, e interface{ HTTPAddr() string }) int {
+	t.Helper()
+	resp, err := http.Get("http://" + e.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n := 0.0
+	for _, m := range regexp.MustCompile(`(?m)^enginesim:requests_total\{[^}]*\} (\S+)$`).FindAllSubmatch(b, -1) {
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		n += v
+	}
+	return int(n)
+}
+
+func engineCounts(t testing.TB, engines []*sim.Engine) []int {
+	out := make([]int, len(engines))
+	for i, e := range engines {
+		out[i] = engineRequests(t, e)
+	}
+	return out
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// Issue 10 (4): upstream_idle_timeout is silence between bytes, not a header timeout: a ~2 s non-streaming
+// generation behind a 1 s idle timeout is answered once, by one engine. Before the fix the idle timeout
+// fired on the headers, the written request was re-sent to the same and then every other endpoint (2 × N
+// generations) and the client got 502. upstream_total_timeout then ends a non-streaming request with 504,
+// and it is not re-sent either.
+func TestNoDuplicateGenerations(t *testing.T) {
+	engines := startSims(t, 4, func(c *sim.Config) { c.TimeScale = 1 })
+	eps := simEndpointsYAML(engines, 64)
+	g := startGateway(t, gwYAML(eps, "upstream_idle_timeout: 1s\n"))
+	body := `{"model":"qwen3","messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":300}`
+	before := engineCounts(t, engines)
+	start := time.Now()
+	st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", body)
+	took := time.Since(start)
+	if st != 200 {
+		t.Fatalf("status %d after %v: %s", st, took, b)
+	}
+	if took < 1500*time.Millisecond {
+		t.Fatalf("the generation took %v: too short to show the idle timeout is not a header timeout", took)
+	}
+	waitFor(2*time.Second, func() bool { return sum(engineCounts(t, engines))-sum(before) >= 1 })
+	after := engineCounts(t, engines)
+	if d := sum(after) - sum(before); d != 1 {
+		t.Fatalf("engines ran %d requests (before %v, after %v), want 1", d, before, after)
+	}
+
+	g2 := startGateway(t, gwYAML(eps, "upstream_total_timeout: 700ms\n"))
+	before = engineCounts(t, engines)
+	start = time.Now()
+	st, _, b = post(t, "http://"+g2.Addr()+"/v1/chat/completions", body)
+	took = time.Since(start)
+	if st != 504 || !strings.Contains(string(b), `"upstream_timeout"`) || took > 1500*time.Millisecond {
+		t.Fatalf("total timeout: status %d after %v: %s", st, took, b)
+	}
+	waitFor(2*time.Second, func() bool { return sum(engineCounts(t, engines))-sum(before) >= 1 })
+	time.Sleep(200 * time.Millisecond)
+	if d := sum(engineCounts(t, engines)) - sum(before); d != 1 {
+		t.Fatalf("after a total timeout the engines ran %d requests, want 1 (cancelled, not re-sent)", d)
+	}
+	if v := scrapeMetric(t, "http://"+g2.Addr()+"/metrics", `kvgate_upstream_timeouts_total{endpoint="e0",kind="total"}`) +
+		scrapeMetric(t, "http://"+g2.Addr()+"/metrics", `kvgate_upstream_timeouts_total{endpoint="e1",kind="total"}`) +
+		scrapeMetric(t, "http://"+g2.Addr()+"/metrics", `kvgate_upstream_timeouts_total{endpoint="e2",kind="total"}`) +
+		scrapeMetric(t, "http://"+g2.Addr()+"/metrics", `kvgate_upstream_timeouts_total{endpoint="e3",kind="total"}`); v != 1 {
+		t.Errorf("kvgate_upstream_timeouts_total{kind=total} = %v, want 1", v)
 	}
 }

@@ -159,7 +159,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.wg.Go(func() { ps.run(runCtx) })
 
 	// Endpoints and models.
-	up := upstream.New(cfg.UpstreamIdleTimeout)
+	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
+		FirstByteTimeout: cfg.UpstreamFirstByteTimeout, TotalTimeout: cfg.UpstreamTotalTimeout,
+		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies})
 	var all []endpoints.Endpoint
 	for i := range cfg.Models {
 		m := &cfg.Models[i]

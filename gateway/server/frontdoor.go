@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"crypto/subtle"
+	"errors"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"sync"
@@ -11,7 +13,10 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvgate/kvgate/gateway/metrics"
 	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/upstream"
 )
 
 // smallBodyLimit is the body limit of routes that take no body (GET /v1/models, /healthz, ...) and of a
@@ -286,4 +291,83 @@ func setWriteDeadline(c *fasthttp.RequestCtx, d time.Duration) {
 	if d > 0 {
 		c.Conn().SetWriteDeadline(time.Now().Add(d))
 	}
+}
+
+// upstreamTimeout is 504: the engine did not answer (or finish) within an upstream timeout.
+func upstreamTimeout(model string) *openai.Error {
+	return openai.Errorf(fiber.StatusGatewayTimeout, "server_error", "", "upstream_timeout",
+		"The engine serving `%s` did not respond in time.", model)
+}
+
+// timeoutKind names an upstream timeout error for kvgate_upstream_timeouts_total.
+func timeoutKind(err error) string {
+	switch {
+	case errors.Is(err, upstream.ErrConnectTimeout):
+		return metrics.TimeoutConnect
+	case errors.Is(err, upstream.ErrFirstByteTimeout):
+		return metrics.TimeoutFirstByte
+	case errors.Is(err, upstream.ErrTotalTimeout):
+		return metrics.TimeoutTotal
+	}
+	return metrics.TimeoutIdle
+}
+
+// bodyTimeout returns the upstream timeout that ended a response body read, or nil.
+func bodyTimeout(err error) error {
+	switch {
+	case errors.Is(err, upstream.ErrTotalTimeout):
+		return upstream.ErrTotalTimeout
+	case errors.Is(err, upstream.ErrIdle):
+		return upstream.ErrIdle
+	}
+	return nil
+}
+
+// outliers counts consecutive failures (5xx answers, connection failures) per endpoint for passive
+// outlier ejection.
+type outliers struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// outlierSuccess resets id's consecutive failures.
+func (s *Server) outlierSuccess(id string) {
+	s.outl.mu.Lock()
+	delete(s.outl.n, id)
+	s.outl.mu.Unlock()
+}
+
+// outlierFailure counts a failure of id (serving m); at outlier_consecutive_failures it ejects id for
+// outlier_ejection_time, unless that would leave m without an endpoint that is healthy and not ejected
+// (ejecting the last one would only turn errors into 503s).
+func (s *Server) outlierFailure(m *route.Model, id string) {
+	cfg := s.o.Config
+	s.outl.mu.Lock()
+	if s.outl.n == nil {
+		s.outl.n = map[string]int{}
+	}
+	s.outl.n[id]++
+	hit := s.outl.n[id] >= cfg.OutlierConsecutiveFailures
+	if hit {
+		delete(s.outl.n, id)
+	}
+	s.outl.mu.Unlock()
+	if !hit {
+		return
+	}
+	others := 0
+	for _, e := range m.Endpoints {
+		if e.ID != id && s.o.Endpoints.Load(e.ID).Healthy {
+			others++
+		}
+	}
+	if others == 0 {
+		return
+	}
+	until := time.Now().Add(cfg.OutlierEjectionTime)
+	s.o.Endpoints.Eject(id, until)
+	s.o.Metrics.Front.Ejections.WithLabelValues(id).Inc()
+	s.o.Metrics.Front.EndpointEjected.WithLabelValues(id).Set(1)
+	s.o.Log.Warn("endpoint ejected after consecutive failures", slog.String("endpoint_id", id),
+		slog.Int("failures", cfg.OutlierConsecutiveFailures), slog.Time("until", until))
 }

@@ -103,6 +103,8 @@ type Server struct {
 	retries *retryBudget
 	// refused remembers the requests refused on their headers for errorHandler.
 	refused refusedSet
+	// outl counts consecutive endpoint failures (passive outlier ejection).
+	outl outliers
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -261,6 +263,11 @@ func (s *Server) refreshGauges() {
 			h = 1
 		}
 		m.EndpointHealthy.WithLabelValues(e.ID).Set(h)
+		ej := 0.0
+		if l.Ejected {
+			ej = 1
+		}
+		m.Front.EndpointEjected.WithLabelValues(e.ID).Set(ej)
 	}
 }
 
@@ -398,6 +405,21 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		exclude := map[int]bool{}
 		var resp *http.Response
 		var claim *route.Claim
+		cfg := s.o.Config
+		s.retries.deposit()
+		// retry says whether another endpoint may be tried after cand failed before any byte reached the
+		// client: one is left and the retry budget allows it.
+		retry := func(idx int) bool {
+			exclude[idx] = true
+			if len(exclude) >= len(plan.Candidates) {
+				return false
+			}
+			if !s.retries.withdraw() {
+				s.o.Metrics.Front.RetryBudgetExhausted.Inc()
+				return false
+			}
+			return true
+		}
 		for {
 			claim, err = s.o.Router.Reserve(ctx, plan, exclude)
 			if err != nil {
@@ -419,9 +441,26 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
-			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, hdr, dropAuth)
+			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: hdr,
+				DropAuth: dropAuth, Stream: req.Stream})
 			if err == nil {
-				break
+				if resp.StatusCode >= 500 {
+					s.outlierFailure(sm.Model, cand.ID)
+				} else {
+					s.outlierSuccess(cand.ID)
+				}
+				if !cfg.RetryOnStatus(resp.StatusCode) || !retry(claim.Index) {
+					break
+				}
+				// The engine refused the request (e.g. 503 overloaded, 429): it did not run it, so another
+				// endpoint may. Nothing has been sent to the client yet.
+				log.Warn("engine refused the request; trying the next ranked endpoint", slog.String("endpoint_id", cand.ID),
+					slog.Int("status", resp.StatusCode))
+				io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				s.o.Router.Release(claim)
+				s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+				continue
 			}
 			s.o.Router.Release(claim)
 			if ctx.Err() != nil {
@@ -429,15 +468,32 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				s.count(sm.Model.Name, cand.ID, StatusClientClosed)
 				return nil
 			}
-			log.Warn("upstream failed before responding; trying the next ranked endpoint",
-				slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
-			s.o.Endpoints.MarkDown(cand.ID, err.Error())
-			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
-			exclude[claim.Index] = true
-			if len(exclude) >= len(plan.Candidates) {
-				// The details (engine URLs, socket errors) are in the log above, not for the client.
-				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint serving `%s` failed before responding.", req.Model)))
+			var ue *upstream.Error
+			errors.As(err, &ue)
+			started := ue == nil || ue.Started
+			s.outlierFailure(sm.Model, cand.ID)
+			if ue != nil && ue.Timeout != nil {
+				s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(cand.ID, timeoutKind(ue.Timeout)).Inc()
 			}
+			if started {
+				// The engine may have run the request: never send it again (one request, one generation).
+				log.Warn("upstream failed after the request was sent; not retried", slog.String("endpoint_id", cand.ID),
+					slog.String("error", err.Error()))
+				if ue != nil && ue.Timeout != nil {
+					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+				}
+				return s.fail(c, req, cand.ID, openai.Upstream("The engine failed before responding."))
+			}
+			log.Warn("upstream failed before the request was sent", slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
+			s.o.Endpoints.MarkDown(cand.ID, err.Error())
+			if !cfg.RetryOnConnect() || !retry(claim.Index) {
+				// The details (engine URLs, socket errors) are in the log above, not for the client.
+				if ue != nil && ue.Timeout != nil {
+					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+				}
+				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint tried for `%s` failed before responding.", req.Model)))
+			}
+			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
 		}
 		epID := plan.Candidates[claim.Index].ID
 		// Renew the lease while the response runs.
@@ -490,13 +546,19 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			b, rerr := io.ReadAll(resp.Body)
 			if rerr != nil {
 				disc := ctx.Err() != nil
-				finish(502, disc)
+				e := openai.Upstream("The engine's response failed before it ended.")
+				if to := bodyTimeout(rerr); to != nil && !disc {
+					e = upstreamTimeout(req.Model)
+					s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(epID, timeoutKind(to)).Inc()
+				}
+				finish(e.Status, disc)
 				if disc {
 					return nil
 				}
+				s.o.Metrics.Front.UpstreamFailures.WithLabelValues(epID).Inc()
 				c.Response().Header.Del(fiber.HeaderContentType)
 				log.Warn("engine response failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
-				return sendError(c, openai.Upstream("The engine's response failed before it ended."))
+				return sendError(c, e)
 			}
 			finish(resp.StatusCode, false)
 			return c.Send(b)
