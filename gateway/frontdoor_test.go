@@ -18,7 +18,12 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
+	"github.com/kvgate/kvgate/gateway/openai"
 )
+
+func openaiParse(body string) (*openai.Request, error) {
+	return openai.ParseRequest(openai.Completions, []byte(body))
+}
 
 // fdChildEnv makes the test binary run TestListenerSurvivesFDExhaustion's gateway process.
 const fdChildEnv = "KVGATE_TEST_FD_CHILD"
@@ -385,5 +390,77 @@ func TestNoDuplicateGenerations(t *testing.T) {
 		scrapeMetric(t, "http://"+g2.Addr()+"/metrics", `kvgate_upstream_timeouts_total{endpoint="e2",kind="total"}`) +
 		scrapeMetric(t, "http://"+g2.Addr()+"/metrics", `kvgate_upstream_timeouts_total{endpoint="e3",kind="total"}`); v != 1 {
 		t.Errorf("kvgate_upstream_timeouts_total{kind=total} = %v, want 1", v)
+	}
+}
+
+// Issue 10 (5): a completions batch reserves one request per prompt × n: a 200-prompt batch behind a
+// 4-request limit is refused with 400 (nothing forwarded), 2 prompts × n=2 fill the limit so that one more
+// request waits and gets 429, and a batch over max_batch_prompts is refused. Before the fix the batch
+// counted as one request and was forwarded.
+func TestBatchCompletionsReserveEverySequence(t *testing.T) {
+	release := make(chan struct{})
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, _ *http.Request, b []byte) {
+		if strings.Contains(string(b), "HOLD") {
+			<-release
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`)
+	})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: vllm, url: %q, max_inflight_requests: 4, max_inflight_tokens: 4096}\n", eng.srv.URL),
+		"max_batch_prompts: 300\n"))
+	url := "http://" + g.Addr() + "/v1/completions"
+	batch := func(n int, word string) string {
+		ps := make([]string, n)
+		for i := range ps {
+			ps[i] = fmt.Sprintf("%q", fmt.Sprintf("%s prompt %d", word, i))
+		}
+		return "[" + strings.Join(ps, ",") + "]"
+	}
+	st, _, b := post(t, url, `{"model":"qwen3","max_tokens":4,"prompt":`+batch(200, "x")+`}`)
+	if st != 400 || !strings.Contains(string(b), `"batch_too_large"`) || !strings.Contains(string(b), "200 sequences") {
+		t.Fatalf("200-prompt batch behind a 4-request limit: %d %s", st, b)
+	}
+	if n := eng.calls.Load(); n != 0 {
+		t.Fatalf("the refused batch reached the engine (%d calls)", n)
+	}
+	// Every prompt's tokens are reserved, not only the first's.
+	req, _ := openaiParse(`{"model":"qwen3","max_tokens":4,"prompt":["a b c d e f g h","a b c d e f g h","a b c d e f g h"]}`)
+	plan, err := g.Router().Plan(context.Background(), g.models["qwen3"].Model, "", req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := g.Router().Cost(plan); c.Requests != 3 || c.Tokens != 3*int64(len(plan.IDs))+3*4 {
+		t.Fatalf("3-prompt batch cost %+v (first prompt %d tokens)", c, len(plan.IDs))
+	}
+
+	held := make(chan int, 1)
+	go func() {
+		st, _, _ := post(t, url, `{"model":"qwen3","max_tokens":4,"n":2,"prompt":`+batch(2, "HOLD")+`}`)
+		held <- st
+	}()
+	if !waitFor(5*time.Second, func() bool { return eng.calls.Load() == 1 }) {
+		t.Fatal("the held batch never reached the engine")
+	}
+	st, _, b = post(t, url, `{"model":"qwen3","max_tokens":4,"prompt":"one more"}`)
+	if st != 429 {
+		t.Fatalf("with 2 prompts × n=2 in flight on a 4-request endpoint another request got %d %s, want 429", st, b)
+	}
+	close(release)
+	if st := <-held; st != 200 {
+		t.Fatalf("held batch: %d", st)
+	}
+	st, _, b = post(t, url, `{"model":"qwen3","max_tokens":1,"prompt":`+batch(301, "y")+`}`)
+	if st != 400 || !strings.Contains(string(b), "max_batch_prompts") {
+		t.Fatalf("301-prompt batch over max_batch_prompts 300: %d %s", st, b)
+	}
+	if n := eng.calls.Load(); n != 1 {
+		t.Fatalf("engine calls %d, want 1 (the held batch only)", n)
 	}
 }

@@ -386,6 +386,11 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			s.count(UnknownModel, "", http.StatusNotFound)
 			return openai.ModelNotFound(req.Model)
 		}
+		if req.Prompts > s.o.Config.MaxBatchPrompts {
+			s.count(sm.Model.Name, "", http.StatusBadRequest)
+			return openai.Errorf(http.StatusBadRequest, "invalid_request_error", "prompt", "batch_too_large",
+				"The batch has %d prompts; at most %d (max_batch_prompts) are accepted.", req.Prompts, s.o.Config.MaxBatchPrompts)
+		}
 		ctx, cancel := context.WithCancel(s.base)
 		stopWatch := watch(c.Context().Conn(), cancel)
 		finished := false
