@@ -218,7 +218,7 @@ type Plan struct {
 	IDs []uint32
 	// BatchTokens are the prompt tokens of a completions batch's other prompts (0 for a single prompt).
 	BatchTokens int64
-	Keys []kvstore.BlockKey
+	Keys        []kvstore.BlockKey
 	// Candidates are the healthy endpoints, in snapshot order.
 	Candidates []Candidate
 	Snapshot   sdk.Snapshot
