@@ -464,3 +464,57 @@ func TestBatchCompletionsReserveEverySequence(t *testing.T) {
 		t.Fatalf("engine calls %d, want 1 (the held batch only)", n)
 	}
 }
+
+// Issue 10 (6): a streaming client that reads only the headers (a 4 KB receive buffer) is disconnected
+// after client_write_timeout: the engine's request is cancelled and the lease released. Before the fix the
+// engine kept generating and the lease was renewed for as long as the engine went on.
+func TestStalledReaderIsDisconnected(t *testing.T) {
+	cancelled := make(chan time.Time, 1)
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 1000) + "\"},\"finish_reason\":null}]}\n\n"
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				break
+			}
+			f.Flush()
+			if r.Context().Err() != nil {
+				break
+			}
+		}
+		cancelled <- time.Now()
+	})
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: vllm, url: %q}\n", eng.srv.URL), "client_write_timeout: 1s\n"))
+	d := net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"qwen3","stream":true,"max_tokens":100000,"messages":[{"role":"user","content":"go on forever"}]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	head := make([]byte, 512)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(head); err != nil || !strings.HasPrefix(string(head[:n]), "HTTP/1.1 200") {
+		t.Fatalf("headers: %q %v", head[:n], err)
+	}
+	start := time.Now()
+	select {
+	case at := <-cancelled:
+		if took := at.Sub(start); took > 6*time.Second {
+			t.Fatalf("engine request cancelled only after %v", took)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("the engine kept streaming to a client that reads nothing")
+	}
+	if !waitFor(2*time.Second, func() bool { return g.Router().StoreStatus().OwnInFlight == 0 }) {
+		t.Fatalf("lease not released: %d in flight", g.Router().StoreStatus().OwnInFlight)
+	}
+	if v := scrapeMetric(t, "http://"+g.Addr()+"/metrics", `kvgate_client_disconnects_total{model="qwen3",stream="true"}`); v != 1 {
+		t.Errorf("stream client disconnects counted: %v, want 1", v)
+	}
+}

@@ -371,3 +371,47 @@ func (s *Server) outlierFailure(m *route.Model, id string) {
 	s.o.Log.Warn("endpoint ejected after consecutive failures", slog.String("endpoint_id", id),
 		slog.Int("failures", cfg.OutlierConsecutiveFailures), slog.Time("until", until))
 }
+
+// streamScan watches the bytes of an SSE stream for its end markers: "data: [DONE]", a non-null
+// "finish_reason", and error events (`data: {"error"...` or `"object":"error"`). Markers split across
+// reads are found through the kept tail of the previous read.
+type streamScan struct {
+	tail               []byte
+	sawDone, sawFinish bool
+	sawError           bool
+}
+
+var (
+	markDone     = []byte("[DONE]")
+	markFinish   = []byte(`"finish_reason":"`)
+	markFinishSp = []byte(`"finish_reason": "`)
+	markErr      = []byte(`data: {"error"`)
+	markErrNoSp  = []byte(`data:{"error"`)
+	markErrObj   = []byte(`"object":"error"`)
+)
+
+func (s *streamScan) scan(b []byte) {
+	const keep = 32 // longer than every marker
+	s.look(b)
+	if len(s.tail) > 0 { // markers split between the previous read and this one
+		var join [2 * keep]byte
+		s.look(append(append(join[:0], s.tail...), b[:min(len(b), keep)]...))
+	}
+	if len(b) >= keep {
+		s.tail = append(s.tail[:0], b[len(b)-keep:]...)
+	} else {
+		s.tail = append(s.tail, b...)
+		if len(s.tail) > keep {
+			s.tail = append(s.tail[:0], s.tail[len(s.tail)-keep:]...)
+		}
+	}
+}
+
+func (s *streamScan) look(b []byte) {
+	s.sawDone = s.sawDone || bytes.Contains(b, markDone)
+	s.sawFinish = s.sawFinish || bytes.Contains(b, markFinish) || bytes.Contains(b, markFinishSp)
+	s.sawError = s.sawError || bytes.Contains(b, markErr) || bytes.Contains(b, markErrNoSp) || bytes.Contains(b, markErrObj)
+}
+
+// finished says the stream reached its end: [DONE] or a finish reason.
+func (s *streamScan) finished() bool { return s.sawDone || s.sawFinish }

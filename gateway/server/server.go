@@ -545,7 +545,10 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		if plan.Info.Fallback != "" {
 			c.Set(HeaderFallback, plan.Info.Fallback)
 		}
-		streaming := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		// A stream:true request is relayed as a stream whatever the engine's content type (an engine's own
+		// error answer to it is passed through whole); an SSE answer is always streamed.
+		streaming := sse || (req.Stream && resp.StatusCode < 300)
 		if !streaming {
 			// Non-streaming: the watcher keeps polling the client while the engine generates.
 			b, rerr := io.ReadAll(resp.Body)
@@ -569,12 +572,39 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			return c.Send(b)
 		}
 		c.Set(fiber.HeaderCacheControl, "no-cache")
+		c.Set("X-Accel-Buffering", "no") // nginx and its kin must not buffer the stream
 		finished = true
+		conn := c.Context().Conn() // the fiber.Ctx is released when the handler returns; the conn lives on
+		writeTimeout := cfg.ClientWriteTimeout
+		validate := resp.StatusCode < 300
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 			buf := make([]byte, 32<<10)
+			var sc streamScan
+			// endWithError ends a stream that failed or ended unfinished with one error event (none when
+			// the engine already sent one) and counts it as an upstream failure.
+			endWithError := func(msg string) {
+				s.o.Metrics.Front.UpstreamFailures.WithLabelValues(epID).Inc()
+				if !sc.sawError {
+					e := openai.Upstream(msg)
+					if writeTimeout > 0 {
+						conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+					}
+					w.WriteString("data: ")
+					w.Write(e.JSON())
+					w.WriteString("\n\n")
+					w.Flush()
+				}
+				finish(http.StatusBadGateway, false)
+			}
 			for {
 				n, rerr := resp.Body.Read(buf)
 				if n > 0 {
+					sc.scan(buf[:n])
+					// A client that accepts nothing for client_write_timeout is disconnected: the write
+					// fails, the engine request is cancelled and the lease released.
+					if writeTimeout > 0 {
+						conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+					}
 					if _, werr := w.Write(buf[:n]); werr != nil {
 						finish(resp.StatusCode, true)
 						return
@@ -585,21 +615,35 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 					}
 				}
 				if rerr == io.EOF {
-					finish(resp.StatusCode, false)
+					switch {
+					case !validate:
+						finish(resp.StatusCode, false)
+					case sc.sawError:
+						log.Warn("engine stream carried an error event", slog.String("endpoint_id", epID))
+						endWithError("")
+					case !sc.finished():
+						log.Warn("engine stream ended without a finish reason or [DONE]", slog.String("endpoint_id", epID))
+						endWithError("The engine's stream ended before it finished.")
+					default:
+						finish(resp.StatusCode, false)
+					}
 					return
 				}
 				if rerr != nil {
-					disc := ctx.Err() != nil
-					if !disc {
-						// The engine failed mid-stream: end the stream with an error event (never retried).
-						log.Warn("engine stream failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
-						e := openai.Upstream("The engine's stream failed before it ended.")
-						w.WriteString("data: ")
-						w.Write(e.JSON())
-						w.WriteString("\n\n")
-						w.Flush()
+					if ctx.Err() != nil {
+						finish(http.StatusBadGateway, true)
+						return
 					}
-					finish(502, disc)
+					// The engine failed mid-stream: end the stream with an error event (never retried).
+					log.Warn("engine stream failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
+					if to := bodyTimeout(rerr); to != nil {
+						s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(epID, timeoutKind(to)).Inc()
+					}
+					if sc.finished() && !sc.sawError {
+						finish(resp.StatusCode, false) // everything was delivered; only the close was unclean
+						return
+					}
+					endWithError("The engine's stream failed before it ended.")
 					return
 				}
 			}
