@@ -518,3 +518,245 @@ func TestStalledReaderIsDisconnected(t *testing.T) {
 		t.Errorf("stream client disconnects counted: %v, want 1", v)
 	}
 }
+
+func getWith(t testing.TB, url, auth string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// Issue 10 (7): an engine answering 503 before any byte is retried on the healthy replica (every client
+// request succeeds), and after outlier_consecutive_failures it is ejected: no longer picked, shown in
+// /readyz (with the admin token) and in kvgate_endpoint_ejected. Before the fix 4 of 10 requests got the
+// engine's 503 and the endpoint kept being picked.
+func TestEngine503RetriedAndEjected(t *testing.T) {
+	sick := newFakeEngine(t, 0, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":"overloaded"}`)
+	})
+	good := newFakeEngine(t, 3, okCompletion)
+	eps := fmt.Sprintf("      - {id: sick, engine: vllm, url: %q}\n      - {id: good, engine: vllm, url: %q}\n", sick.srv.URL, good.srv.URL)
+	g := startGateway(t, gwYAML(eps, "outlier_consecutive_failures: 3\noutlier_ejection_time: 30s\n"))
+	for i := range 10 {
+		st, h, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", chatBody(false, 1, fmt.Sprintf("q%d", i)))
+		if st != 200 || h.Get("x-kvgate-endpoint") != "good" {
+			t.Fatalf("request %d: %d %s (endpoint %q)", i, st, b, h.Get("x-kvgate-endpoint"))
+		}
+	}
+	if n := sick.calls.Load(); n != 3 {
+		t.Fatalf("the 503 endpoint got %d requests, want 3 (ejected after 3 consecutive failures)", n)
+	}
+	base := "http://" + g.Addr()
+	if v := scrapeMetric(t, base+"/metrics", `kvgate_endpoint_ejected{endpoint="sick"}`); v != 1 {
+		t.Errorf("kvgate_endpoint_ejected{sick} = %v", v)
+	}
+	if v := scrapeMetric(t, base+"/metrics", `kvgate_endpoint_ejections_total{endpoint="sick"}`); v != 1 {
+		t.Errorf("kvgate_endpoint_ejections_total{sick} = %v", v)
+	}
+	st, _, b := getWith(t, base+"/readyz", "Bearer admintok")
+	if st != 200 || !strings.Contains(b, `"ejected":true`) {
+		t.Fatalf("readyz with token: %d %s", st, b)
+	}
+}
+
+// Issue 10 (8): streaming edge cases. A stream:true answer labelled application/json is relayed as it
+// comes (not buffered whole, no Content-Length); SSE carries X-Accel-Buffering: no; a stream that ends
+// without [DONE] or a finish reason ends with one error event and counts as an upstream failure; an
+// engine error event followed by a clean end or a FIN gets no second error event.
+func TestStreamingEdgeCases(t *testing.T) {
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, b []byte) {
+		body := string(b)
+		f := w.(http.Flusher)
+		switch {
+		case strings.Contains(body, "JSONLABEL"):
+			w.Header().Set("Content-Type", "application/json")
+			for i := range 5 {
+				fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"%d\"},\"finish_reason\":null}]}\n\n", i)
+				f.Flush()
+				time.Sleep(150 * time.Millisecond)
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+		case strings.Contains(body, "NODONE"):
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"finish_reason\":null}]}\n\n")
+		case strings.Contains(body, "ERRCLEAN"):
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"finish_reason\":null}]}\n\ndata: {\"error\":{\"message\":\"engine broke\"}}\n\n")
+		case strings.Contains(body, "ERRFIN"):
+			conn, bw, _ := w.(http.Hijacker).Hijack()
+			bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+			bw.WriteString("data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"finish_reason\":null}]}\n\ndata: {\"error\":{\"message\":\"engine broke\"}}\n\n")
+			bw.Flush()
+			conn.Close()
+		default:
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+		}
+	})
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: vllm, url: %q}\n", eng.srv.URL), ""))
+	url := "http://" + g.Addr() + "/v1/chat/completions"
+	stream := func(word string) (*http.Response, []time.Duration, string) {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(chatBody(true, 5, word)))
+		req.Header.Set("Content-Type", "application/json")
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var at []time.Duration
+		var all strings.Builder
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data:") {
+				at = append(at, time.Since(start))
+			}
+			all.WriteString(sc.Text() + "\n")
+		}
+		return resp, at, all.String()
+	}
+	resp, at, _ := stream("JSONLABEL")
+	if len(at) != 6 || at[5]-at[0] < 500*time.Millisecond {
+		t.Fatalf("application/json stream: %d events at %v (buffered whole?)", len(at), at)
+	}
+	if resp.ContentLength != -1 || resp.Header.Get("X-Accel-Buffering") != "no" {
+		t.Fatalf("application/json stream: content-length %d, X-Accel-Buffering %q", resp.ContentLength, resp.Header.Get("X-Accel-Buffering"))
+	}
+	resp, _, all := stream("fine")
+	if resp.Header.Get("X-Accel-Buffering") != "no" || strings.Contains(all, `"error"`) {
+		t.Fatalf("a complete stream: X-Accel-Buffering %q, body %q", resp.Header.Get("X-Accel-Buffering"), all)
+	}
+	for word, wantErrs := range map[string]int{"NODONE": 1, "ERRCLEAN": 1, "ERRFIN": 1} {
+		_, _, all := stream(word)
+		if n := strings.Count(all, `"error"`); n != wantErrs {
+			t.Errorf("%s: %d error events, want %d:\n%s", word, n, wantErrs, all)
+		}
+	}
+	base := "http://" + g.Addr() + "/metrics"
+	if v := scrapeMetric(t, base, `kvgate_requests_total{endpoint="e",model="qwen3",status="502"}`); v != 3 {
+		t.Errorf("streams counted as upstream failures: %v, want 3", v)
+	}
+	if v := scrapeMetric(t, base, `kvgate_requests_total{endpoint="e",model="qwen3",status="200"}`); v != 2 {
+		t.Errorf("streams counted as successes: %v, want 2", v)
+	}
+	if v := scrapeMetric(t, base, `kvgate_upstream_failures_total{endpoint="e"}`); v != 3 {
+		t.Errorf("kvgate_upstream_failures_total: %v, want 3", v)
+	}
+}
+
+// Issue 10 (9): 503 no_healthy_endpoint carries Retry-After; a streaming engine that sends no headers
+// within upstream_first_byte_timeout is a 504 (was 502), not retried.
+func TestErrorMetadata(t *testing.T) {
+	g := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:1\"}\n", ""))
+	st, h, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", chatBody(false, 1, "x"))
+	if st != 503 || h.Get("Retry-After") == "" || !strings.Contains(string(b), "no_healthy_endpoint") {
+		t.Fatalf("no healthy endpoint: %d Retry-After %q %s", st, h.Get("Retry-After"), b)
+	}
+	slow := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		select {
+		case <-time.After(3 * time.Second):
+		case <-r.Context().Done():
+		}
+	})
+	g2 := startGateway(t, gwYAML(fmt.Sprintf("      - {id: s, engine: vllm, url: %q}\n", slow.srv.URL), "upstream_first_byte_timeout: 500ms\n"))
+	start := time.Now()
+	st, _, b = post(t, "http://"+g2.Addr()+"/v1/chat/completions", chatBody(true, 1, "x"))
+	if st != 504 || !strings.Contains(string(b), "upstream_timeout") || time.Since(start) > 2*time.Second {
+		t.Fatalf("first-byte timeout: %d after %v: %s", st, time.Since(start), b)
+	}
+	if n := slow.calls.Load(); n != 1 {
+		t.Fatalf("engine calls %d, want 1", n)
+	}
+}
+
+// Issue 10 (10): with client keys on, /metrics needs a token on the client port (or lives on
+// metrics_listen only), and /readyz keeps its status code open but shows details (engine URLs, raw errors,
+// the store) only with the admin token. Before the fix both were open with every detail.
+func TestExposure(t *testing.T) {
+	g := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:1\"}\n", "client_api_keys_env: KVGATE_TEST_KEYS\n"))
+	base := "http://" + g.Addr()
+	if st, _, _ := getWith(t, base+"/metrics", ""); st != 401 {
+		t.Errorf("/metrics without a token: %d", st)
+	}
+	if st, _, _ := getWith(t, base+"/metrics", "Bearer ck1"); st != 401 {
+		t.Errorf("/metrics with a client key: %d", st)
+	}
+	if st, _, b := getWith(t, base+"/metrics", "Bearer admintok"); st != 200 || !strings.Contains(b, "kvgate_accept_errors_total") {
+		t.Errorf("/metrics with the admin token: %d", st)
+	}
+	st, _, b := getWith(t, base+"/readyz", "")
+	if st != 503 || strings.Contains(b, "127.0.0.1") || strings.Contains(b, "models") || !strings.Contains(b, `"ready":false`) {
+		t.Errorf("/readyz without a token: %d %s", st, b)
+	}
+	st, _, b = getWith(t, base+"/readyz", "Bearer admintok")
+	if st != 503 || !strings.Contains(b, `"models"`) || !strings.Contains(b, `"error"`) {
+		t.Errorf("/readyz with the admin token: %d %s", st, b)
+	}
+
+	g2 := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:1\"}\n", "metrics_listen: \"127.0.0.1:0\"\n"))
+	if st, _, _ := getWith(t, "http://"+g2.Addr()+"/metrics", "Bearer admintok"); st != 404 {
+		t.Errorf("/metrics on the client port with metrics_listen set: %d", st)
+	}
+	if st, _, b := getWith(t, "http://"+g2.MetricsAddr()+"/metrics", ""); st != 200 || !strings.Contains(b, "kvgate_accept_errors_total") {
+		t.Errorf("/metrics on metrics_listen: %d", st)
+	}
+}
+
+// Issue 10 (11): client-set routing headers, cookies and Connection-nominated headers never reach the
+// engine; ambiguous framing (CL+TE, duplicate Content-Length, odd Transfer-Encoding values) is refused with
+// 400 and the connection closed. Before the fix they were forwarded / accepted.
+func TestHeaderHygieneAndFraming(t *testing.T) {
+	seen := make(chan http.Header, 4)
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, b []byte) {
+		seen <- r.Header.Clone()
+		okCompletion(w, r, b)
+	})
+	g := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: vllm, url: %q}\n", eng.srv.URL), ""))
+	st, _, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", chatBody(false, 1, "x"),
+		"X-Gateway-Destination-Endpoint", "10.0.0.9:8000", "X-Forwarded-Host", "evil", "X-Kvgate-Endpoint", "e",
+		"Cookie", "session=secret", "Connection", "X-Secret-Hop", "X-Secret-Hop", "1", "X-Vendor", "kept")
+	if st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	h := <-seen
+	for _, k := range []string{"X-Gateway-Destination-Endpoint", "X-Forwarded-Host", "X-Kvgate-Endpoint", "Cookie", "X-Secret-Hop"} {
+		if v := h.Get(k); v != "" {
+			t.Errorf("%s reached the engine: %q", k, v)
+		}
+	}
+	if h.Get("X-Vendor") != "kept" {
+		t.Errorf("an ordinary header was dropped: %v", h)
+	}
+	body := chatBody(false, 1, "x")
+	for name, head := range map[string]string{
+		"CL+TE":             fmt.Sprintf("Content-Length: %d\r\nTransfer-Encoding: chunked\r\n", len(body)),
+		"duplicate CL":      fmt.Sprintf("Content-Length: %d\r\nContent-Length: %d\r\n", len(body), len(body)),
+		"TE chunked\\t":     "Transfer-Encoding: chunked\t\r\n",
+		"TE chunked,ident.": "Transfer-Encoding: chunked, identity\r\n",
+	} {
+		c := dial(t, g.Addr())
+		msg := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head + "\r\n"
+		if strings.Contains(head, "chunked") {
+			msg += fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+		} else {
+			msg += body
+		}
+		io.WriteString(c, msg)
+		r, closed := closedWithin(c, 3*time.Second)
+		if !strings.HasPrefix(r, "HTTP/1.1 400") || !closed {
+			t.Errorf("%s: closed=%v %q", name, closed, r)
+		}
+	}
+	if n := eng.calls.Load(); n != 1 {
+		t.Errorf("engine calls %d, want 1 (no framed-ambiguously request forwarded)", n)
+	}
+}

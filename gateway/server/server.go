@@ -271,15 +271,18 @@ func (s *Server) refreshGauges() {
 	}
 }
 
-// readyz answers 200 when every model has a healthy endpoint, else 503; the body details endpoints, the store
-// (degraded while it is unreachable) and whatever Options.Ready adds.
+// readyz answers 200 when every model has a healthy endpoint, else 503 (open: probes need the status). The
+// body says {"ready","degraded"}; with the admin token it details endpoints (ejections included), the store
+// (degraded while it is unreachable) and whatever Options.Ready adds — raw errors stay behind the token.
 func (s *Server) readyz(c *fiber.Ctx) error {
 	type epState struct {
-		Healthy      bool    `json:"healthy"`
-		Waiting      float64 `json:"waiting"`
-		Running      float64 `json:"running"`
-		KVCacheUsage float64 `json:"kv_cache_utilization"`
-		Error        string  `json:"error,omitempty"`
+		Healthy      bool       `json:"healthy"`
+		Waiting      float64    `json:"waiting"`
+		Running      float64    `json:"running"`
+		KVCacheUsage float64    `json:"kv_cache_utilization"`
+		Error        string     `json:"error,omitempty"`
+		Ejected      bool       `json:"ejected,omitempty"`
+		EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	}
 	ready := true
 	models := map[string]map[string]epState{}
@@ -289,13 +292,23 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		any := false
 		for _, e := range rm.Endpoints {
 			l := s.o.Endpoints.Load(e.ID)
-			eps[e.ID] = epState{l.Healthy, l.Waiting, l.Running, l.KVCacheUsage, l.Err}
+			st := epState{Healthy: l.Healthy, Waiting: l.Waiting, Running: l.Running, KVCacheUsage: l.KVCacheUsage, Error: l.Err, Ejected: l.Ejected}
+			if l.Ejected {
+				st.EjectedUntil = &l.EjectedUntil
+			}
+			eps[e.ID] = st
 			any = any || l.Healthy
 		}
 		ready = ready && any
 		models[m.Name] = eps
 	}
 	st := s.o.Router.StoreStatus()
+	if !ready {
+		c.Status(fiber.StatusServiceUnavailable)
+	}
+	if !tokenOK(bearerOf(c.Get(fiber.HeaderAuthorization)), s.secrets.AdminToken) {
+		return c.JSON(fiber.Map{"ready": ready, "degraded": st.Down})
+	}
 	body := map[string]any{"ready": ready, "degraded": st.Down, "store": st, "models": models}
 	if s.o.Ready != nil {
 		for k, v := range s.o.Ready() {
@@ -659,9 +672,9 @@ func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) e
 		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
 	}
 	s.count(s.modelLabel(req.Model), ep, oe.Status)
-	if oe.Status == http.StatusTooManyRequests {
-		// Every endpoint stayed full for the queue timeout: a client (the OpenAI SDKs honour it) should
-		// wait before retrying rather than retry at once.
+	if oe.Status == http.StatusTooManyRequests || oe.Status == http.StatusServiceUnavailable {
+		// Every endpoint stayed full for the queue timeout, or none is healthy: a client (the OpenAI SDKs
+		// honour it) should wait before retrying rather than retry at once.
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
 	}
 	return sendError(c, oe)
