@@ -760,3 +760,44 @@ func TestHeaderHygieneAndFraming(t *testing.T) {
 		t.Errorf("engine calls %d, want 1 (no framed-ambiguously request forwarded)", n)
 	}
 }
+
+// Connection limits: over max_connections_per_ip (or max_connections) a new connection is closed at once
+// and counted; behind a trusted proxy the cap applies to concurrent requests per X-Forwarded-For client.
+func TestConnectionLimits(t *testing.T) {
+	g := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:1\"}\n",
+		"max_connections_per_ip: 2\nclient_header_timeout: 5s\n"))
+	a, b := dial(t, g.Addr()), dial(t, g.Addr())
+	c := dial(t, g.Addr())
+	if r, closed := closedWithin(c, 2*time.Second); !closed || r != "" {
+		t.Fatalf("third connection from one address: closed=%v %q", closed, r)
+	}
+	a.Close()
+	b.Close()
+	if !waitFor(2*time.Second, func() bool {
+		return scrapeMetric(t, "http://"+g.Addr()+"/metrics", `kvgate_connections_rejected_total{reason="max_connections_per_ip"}`) >= 1
+	}) {
+		t.Fatal("the refused connection was not counted")
+	}
+
+	release := make(chan struct{})
+	eng := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, b []byte) {
+		if strings.Contains(string(b), "HOLD") {
+			<-release
+		}
+		okCompletion(w, r, b)
+	})
+	defer close(release)
+	g2 := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: vllm, url: %q}\n", eng.srv.URL),
+		"max_connections_per_ip: 1\ntrusted_proxies: [\"127.0.0.0/8\"]\n"))
+	url := "http://" + g2.Addr() + "/v1/chat/completions"
+	go post(t, url, chatBody(false, 1, "HOLD"), "X-Forwarded-For", "10.0.0.1")
+	if !waitFor(3*time.Second, func() bool { return eng.calls.Load() == 1 }) {
+		t.Fatal("held request never reached the engine")
+	}
+	if st, _, b := post(t, url, chatBody(false, 1, "x"), "X-Forwarded-For", "10.0.0.1"); st != 429 {
+		t.Fatalf("second request of one forwarded client: %d %s", st, b)
+	}
+	if st, _, b := post(t, url, chatBody(false, 1, "x"), "X-Forwarded-For", "10.0.0.2"); st != 200 {
+		t.Fatalf("another forwarded client: %d %s", st, b)
+	}
+}

@@ -404,6 +404,14 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			return openai.Errorf(http.StatusBadRequest, "invalid_request_error", "prompt", "batch_too_large",
 				"The batch has %d prompts; at most %d (max_batch_prompts) are accepted.", req.Prompts, s.o.Config.MaxBatchPrompts)
 		}
+		// Behind a trusted proxy, max_connections_per_ip caps concurrent requests per forwarded client.
+		relClient, okClient := s.clients.acquire(c)
+		if !okClient {
+			s.count(sm.Model.Name, "", http.StatusTooManyRequests)
+			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
+			return sendError(c, openai.Errorf(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests",
+				"Too many concurrent requests from this client (max_connections_per_ip)."))
+		}
 		ctx, cancel := context.WithCancel(s.base)
 		stopWatch := watch(c.Context().Conn(), cancel)
 		finished := false
@@ -411,6 +419,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if !finished { // not handed to a stream writer
 				stopWatch()
 				cancel()
+				relClient()
 			}
 		}()
 		log := s.o.Log
@@ -528,6 +537,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				stopRenew()
 				stopWatch()
 				cancel()
+				relClient()
 				resp.Body.Close()
 				s.o.Router.Release(claim)
 				if disconnected {
