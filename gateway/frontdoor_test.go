@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,11 +57,14 @@ func TestListenerSurvivesFDExhaustion(t *testing.T) {
 		fdChild(t)
 		return
 	}
+	if testing.Short() {
+		t.Skip("a process-level test (the race pass runs -short); covered by the unit pass")
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestListenerSurvivesFDExhaustion$", "-test.v")
 	cmd.Env = append(os.Environ(), fdChildEnv+"=1")
 	stdin, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
-	var stderr strings.Builder
+	var stderr lockedBuf
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -122,6 +126,24 @@ func TestListenerSurvivesFDExhaustion(t *testing.T) {
 	if !strings.Contains(stderr.String(), "accept failed") {
 		t.Errorf("no accept error logged; child stderr:\n%s", stderr.String())
 	}
+}
+
+// lockedBuf is a strings.Builder safe to read while a child process writes to it.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // fdChild runs the gateway with a descriptor limit a little above what it uses, until stdin closes.
@@ -227,35 +249,35 @@ func TestAuthBeforeBody(t *testing.T) {
 		}
 	}
 	// An endless chunked upload without a key: 401 and closed, whatever the client keeps sending.
-	c := dial(t, addr)
-	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+	c1 := dial(t, addr)
+	fmt.Fprintf(c1, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
 	go func() {
 		chunk := fmt.Sprintf("%x\r\n%s\r\n", 65536, strings.Repeat("a", 65536))
 		for range 2000 { // at most 128 MiB
-			if _, err := io.WriteString(c, chunk); err != nil {
+			if _, err := io.WriteString(c1, chunk); err != nil {
 				return
 			}
 		}
 	}()
-	if r, closed := closedWithin(c, 3*time.Second); !strings.HasPrefix(r, "HTTP/1.1 401") || !closed {
+	if r, closed := closedWithin(c1, 3*time.Second); !strings.HasPrefix(r, "HTTP/1.1 401") || !closed {
 		t.Fatalf("unauthenticated chunked upload: closed=%v %q", closed, r)
 	}
 	// Authenticated, over max_body_bytes (64 MiB), chunked: 413 and closed, long before 256 MiB were sent.
-	c = dial(t, addr)
-	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ck1\r\nTransfer-Encoding: chunked\r\n\r\n")
+	c2 := dial(t, addr)
+	fmt.Fprintf(c2, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ck1\r\nTransfer-Encoding: chunked\r\n\r\n")
 	sent := make(chan int, 1)
 	go func() {
 		chunk := fmt.Sprintf("%x\r\n%s\r\n", 65536, strings.Repeat("a", 65536))
 		total := 0
 		for range 4096 {
-			if _, err := io.WriteString(c, chunk); err != nil {
+			if _, err := io.WriteString(c2, chunk); err != nil {
 				break
 			}
 			total += 65536
 		}
 		sent <- total
 	}()
-	if r, closed := closedWithin(c, 5*time.Second); !strings.HasPrefix(r, "HTTP/1.1 413") || !closed {
+	if r, closed := closedWithin(c2, 5*time.Second); !strings.HasPrefix(r, "HTTP/1.1 413") || !closed {
 		t.Fatalf("authenticated oversize chunked upload: closed=%v %q", closed, r)
 	}
 	if total := <-sent; total >= 4096*65536 {
@@ -790,7 +812,14 @@ func TestConnectionLimits(t *testing.T) {
 	g2 := startGateway(t, gwYAML(fmt.Sprintf("      - {id: e, engine: vllm, url: %q}\n", eng.srv.URL),
 		"max_connections_per_ip: 1\ntrusted_proxies: [\"127.0.0.0/8\"]\n"))
 	url := "http://" + g2.Addr() + "/v1/chat/completions"
-	go post(t, url, chatBody(false, 1, "HOLD"), "X-Forwarded-For", "10.0.0.1")
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(chatBody(false, 1, "HOLD")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Forwarded-For", "10.0.0.1")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
 	if !waitFor(3*time.Second, func() bool { return eng.calls.Load() == 1 }) {
 		t.Fatal("held request never reached the engine")
 	}
