@@ -49,3 +49,53 @@ func TestFramingError(t *testing.T) {
 		}
 	}
 }
+
+// FuzzFramingError: framingError never panics, refuses every header block with both Content-Length and
+// Transfer-Encoding or with several Content-Length lines, and accepts one plain Content-Length.
+func FuzzFramingError(f *testing.F) {
+	f.Add("Content-Length: 5\r\n")
+	f.Add("Transfer-Encoding: chunked\r\n")
+	f.Add("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n")
+	f.Add("transfer-encoding: chunked, identity\r\ncontent-length: 1\r\n")
+	f.Add("Transfer-Encoding: chunked\t\r\n")
+	f.Fuzz(func(t *testing.T, raw string) {
+		msg := framingError([]byte(raw))
+		var cl, te int
+		for _, line := range strings.Split(raw, "\n") {
+			name, _, ok := strings.Cut(strings.TrimSuffix(line, "\r"), ":")
+			if !ok || name == "" {
+				continue
+			}
+			switch strings.ToLower(name) {
+			case "content-length":
+				cl++
+			case "transfer-encoding":
+				te++
+			}
+		}
+		if (cl > 0 && te > 0 || cl > 1) && msg == "" {
+			t.Fatalf("%q accepted (CL %d, TE %d)", raw, cl, te)
+		}
+		if cl <= 1 && te == 0 && msg != "" {
+			t.Fatalf("%q refused: %s", raw, msg)
+		}
+	})
+}
+
+// FuzzStreamScan: the markers found do not depend on how the stream is split into reads.
+func FuzzStreamScan(f *testing.F) {
+	f.Add("data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n", uint8(7))
+	f.Add("data: {\"error\":{\"message\":\"x\"}}\n\n", uint8(3))
+	f.Add("data: {\"object\":\"error\"}\n\n", uint8(1))
+	f.Fuzz(func(t *testing.T, stream string, step uint8) {
+		var whole, split streamScan
+		whole.scan([]byte(stream))
+		n := int(step%64) + 1
+		for i := 0; i < len(stream); i += n {
+			split.scan([]byte(stream[i:min(i+n, len(stream))]))
+		}
+		if whole.sawDone != split.sawDone || whole.sawFinish != split.sawFinish || whole.sawError != split.sawError {
+			t.Fatalf("%q in reads of %d: whole %+v split %+v", stream, n, whole, split)
+		}
+	})
+}
