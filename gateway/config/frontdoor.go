@@ -36,50 +36,50 @@ var DefaultRetryOn = []string{RetryOnConnectError, "503", "429"}
 type FrontDoor struct {
 	// MaxConnections caps open client connections (default 10000); a connection over it is closed at once
 	// and counted in kvgate_connections_rejected_total{reason="max_connections"}.
-	MaxConnections int `yaml:"max_connections"`
+	MaxConnections int `yaml:"max_connections,omitempty"`
 	// MaxConnectionsPerIP caps open connections per client address (0, the default: no cap). A peer in
 	// trusted_proxies is not capped by connection; instead its requests are capped per X-Forwarded-For
 	// client address (concurrent requests, 429 over the cap).
-	MaxConnectionsPerIP int `yaml:"max_connections_per_ip"`
+	MaxConnectionsPerIP int `yaml:"max_connections_per_ip,omitempty"`
 	// TrustedProxies are addresses or CIDR prefixes of proxies whose X-Forwarded-For is believed.
-	TrustedProxies []string `yaml:"trusted_proxies"`
+	TrustedProxies []string `yaml:"trusted_proxies,omitempty"`
 	// ClientHeaderTimeout is the time a client has to send a request's headers, from the first byte of the
 	// connection or the end of the previous response's idle wait (default 10s).
-	ClientHeaderTimeout time.Duration `yaml:"client_header_timeout"`
+	ClientHeaderTimeout time.Duration `yaml:"client_header_timeout,omitempty"`
 	// ClientBodyTimeout is the time a client has to send a request's body once its headers arrived
 	// (default 60s).
-	ClientBodyTimeout time.Duration `yaml:"client_body_timeout"`
+	ClientBodyTimeout time.Duration `yaml:"client_body_timeout,omitempty"`
 	// ClientWriteTimeout disconnects a client that accepts no byte of a response for this long (default
 	// 30s): the engine request is cancelled and the lease released.
-	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
+	ClientWriteTimeout time.Duration `yaml:"client_write_timeout,omitempty"`
 	// UpstreamConnectTimeout bounds connecting to an engine (default 5s).
-	UpstreamConnectTimeout time.Duration `yaml:"upstream_connect_timeout"`
+	UpstreamConnectTimeout time.Duration `yaml:"upstream_connect_timeout,omitempty"`
 	// UpstreamFirstByteTimeout bounds the wait for a streaming response's headers after the request was
 	// sent (default 2m); 504 when it fires.
-	UpstreamFirstByteTimeout time.Duration `yaml:"upstream_first_byte_timeout"`
+	UpstreamFirstByteTimeout time.Duration `yaml:"upstream_first_byte_timeout,omitempty"`
 	// UpstreamTotalTimeout bounds a whole non-streaming response (default 30m); 504 when it fires.
-	UpstreamTotalTimeout time.Duration `yaml:"upstream_total_timeout"`
+	UpstreamTotalTimeout time.Duration `yaml:"upstream_total_timeout,omitempty"`
 	// RetryOn lists what makes the gateway try another endpoint before any byte reached the client:
 	// "connect_error" (the engine provably never started the request) and engine statuses such as "503"
 	// and "429" (default [connect_error, "503", "429"]). A request written to an engine is never re-sent
 	// after a timeout or a broken connection.
-	RetryOn []string `yaml:"retry_on"`
+	RetryOn []string `yaml:"retry_on,omitempty"`
 	// RetryBudget is the share of requests that may be retries (default 0.2): each request adds this much
 	// to a bucket of at most 10 retries, each retry takes one.
-	RetryBudget float64 `yaml:"retry_budget"`
+	RetryBudget float64 `yaml:"retry_budget,omitempty"`
 	// MaxBatchPrompts caps the prompts of one /v1/completions batch (default 256); larger batches get 400.
-	MaxBatchPrompts int `yaml:"max_batch_prompts"`
+	MaxBatchPrompts int `yaml:"max_batch_prompts,omitempty"`
 	// OutlierConsecutiveFailures ejects an endpoint after this many consecutive 5xx answers or connect
 	// errors (default 5) for OutlierEjectionTime (default 30s).
-	OutlierConsecutiveFailures int           `yaml:"outlier_consecutive_failures"`
-	OutlierEjectionTime        time.Duration `yaml:"outlier_ejection_time"`
+	OutlierConsecutiveFailures int           `yaml:"outlier_consecutive_failures,omitempty"`
+	OutlierEjectionTime        time.Duration `yaml:"outlier_ejection_time,omitempty"`
 	// MetricsListen, when set (host:port), serves /metrics there only (not on listen).
-	MetricsListen string `yaml:"metrics_listen"`
+	MetricsListen string `yaml:"metrics_listen,omitempty"`
 	// MetricsTokenEnv names an environment variable holding a bearer token for /metrics on listen. When
 	// client API keys are configured, /metrics on listen needs this token or the admin token.
-	MetricsTokenEnv string `yaml:"metrics_token_env"`
+	MetricsTokenEnv string `yaml:"metrics_token_env,omitempty"`
 	// ForwardCookies forwards the client's Cookie header to engines (default false: dropped).
-	ForwardCookies bool `yaml:"forward_cookies"`
+	ForwardCookies bool `yaml:"forward_cookies,omitempty"`
 }
 
 func (f *FrontDoor) applyDefaults() {
