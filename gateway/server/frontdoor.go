@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -59,8 +60,10 @@ type refused struct {
 
 // refusedSet maps a connection's request header (fasthttp reuses one per connection) to its refusal.
 // Entries are removed when answered; a connection that vanished mid-body may leave one, so the set is
-// emptied when it grows past refusedMax.
+// emptied when it grows past refusedMax. n counts the entries so that the common case (nothing refused)
+// takes no lock.
 type refusedSet struct {
+	n  atomic.Int64
 	mu sync.Mutex
 	m  map[*fasthttp.RequestHeader]refused
 }
@@ -73,20 +76,21 @@ func (r *refusedSet) put(h *fasthttp.RequestHeader, v refused) {
 		r.m = map[*fasthttp.RequestHeader]refused{}
 	}
 	r.m[h] = v
+	r.n.Store(int64(len(r.m)))
 	r.mu.Unlock()
 }
 
-func (r *refusedSet) del(h *fasthttp.RequestHeader) {
-	r.mu.Lock()
-	delete(r.m, h)
-	r.mu.Unlock()
-}
+func (r *refusedSet) del(h *fasthttp.RequestHeader) { r.take(h) }
 
 // take returns and forgets h's refusal.
 func (r *refusedSet) take(h *fasthttp.RequestHeader) (refused, bool) {
+	if r.n.Load() == 0 {
+		return refused{}, false
+	}
 	r.mu.Lock()
 	v, ok := r.m[h]
 	delete(r.m, h)
+	r.n.Store(int64(len(r.m)))
 	r.mu.Unlock()
 	return v, ok
 }
