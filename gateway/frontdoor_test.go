@@ -185,6 +185,23 @@ func TestStoppedWhenServingEnds(t *testing.T) {
 	}
 }
 
+// tryScrape reads one sample from a /metrics page; ok is false when the page could not be read (e.g. the
+// scrape's own connection was over a limit).
+func tryScrape(url, sample string) (float64, bool) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindSubmatch(b)
+	if m == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	return v, err == nil
+}
+
 // closedWithin reads c until the server closes it or d passes; it returns what was read and whether the
 // server closed the connection (EOF or reset) in time.
 func closedWithin(c net.Conn, d time.Duration) (string, bool) {
@@ -800,16 +817,24 @@ func TestConnectionLimits(t *testing.T) {
 	b.Close()
 	// The server frees a and b's slots when it reads their close; until then a scrape may be refused too.
 	if !waitFor(3*time.Second, func() bool {
-		resp, err := http.Get("http://" + g.Addr() + "/metrics")
-		if err != nil {
-			return false
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		m := regexp.MustCompile(`(?m)^kvgate_connections_rejected_total\{reason="max_connections_per_ip"\} (\S+)$`).FindSubmatch(b)
-		return m != nil && string(m[1]) != "0"
+		v, ok := tryScrape("http://"+g.Addr()+"/metrics", `kvgate_connections_rejected_total{reason="max_connections_per_ip"}`)
+		return ok && v >= 1
 	}) {
 		t.Fatal("the refused connection was not counted")
+	}
+
+	// max_connections: the second open connection is closed at once and counted.
+	g1 := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:1\"}\n", "max_connections: 1\n"))
+	first := dial(t, g1.Addr())
+	if r, closed := closedWithin(dial(t, g1.Addr()), 2*time.Second); !closed || r != "" {
+		t.Fatalf("connection over max_connections: closed=%v %q", closed, r)
+	}
+	first.Close()
+	if !waitFor(3*time.Second, func() bool {
+		v, ok := tryScrape("http://"+g1.Addr()+"/metrics", `kvgate_connections_rejected_total{reason="max_connections"}`)
+		return ok && v >= 1
+	}) {
+		t.Fatal("the connection over max_connections was not counted")
 	}
 
 	release := make(chan struct{})
