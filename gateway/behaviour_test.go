@@ -238,12 +238,13 @@ func okCompletion(w http.ResponseWriter, _ *http.Request, _ []byte) {
 	io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 }
 
-// A failure before the first response byte is retried on the next ranked endpoint; vLLM chat to an engine
-// the drift guard has not verified (this fake has no /tokenize) gets the client's bytes untouched, vLLM completions get a token-ID prompt spliced in with the rest kept as sent.
+// An engine's refusal (503) before the first response byte is retried on the next ranked endpoint (a
+// request an engine received and then dropped is not: TestNoDuplicateGenerations); vLLM chat to an engine
+// the drift guard has not verified (this fake has no /tokenize) gets the client's bytes untouched, vLLM
+// completions get a token-ID prompt spliced in with the rest kept as sent.
 func TestRetryAndBodiesPerEngineKind(t *testing.T) {
 	flaky := newFakeEngine(t, 0, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-		conn, _, _ := w.(http.Hijacker).Hijack()
-		conn.Close()
+		w.WriteHeader(http.StatusServiceUnavailable)
 	})
 	good := newFakeEngine(t, 5, okCompletion)
 	eps := fmt.Sprintf("      - {id: flaky, engine: vllm, url: %q}\n      - {id: good, engine: vllm, url: %q}\n", flaky.srv.URL, good.srv.URL)

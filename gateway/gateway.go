@@ -79,7 +79,11 @@ type Gateway struct {
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	serveCh chan error
+	closing atomic.Bool
+	// stopped receives one error if the server stopped serving while the gateway was not being closed.
+	stopped chan error
+	mln     net.Listener // metrics_listen, nil when unset
+	msrv    *http.Server
 }
 
 // Start wires and starts a gateway: store, policy host (config policies activated), endpoint probes (one
@@ -175,7 +179,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.wg.Go(func() { ps.run(runCtx) })
 
 	// Endpoints and models.
-	up := upstream.New(cfg.UpstreamIdleTimeout)
+	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
+		FirstByteTimeout: cfg.UpstreamFirstByteTimeout, TotalTimeout: cfg.UpstreamTotalTimeout,
+		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies})
 	g.upHTTP = up.HTTP()
 	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
@@ -267,8 +273,33 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		}
 	}
 	g.ln = ln
-	g.serveCh = make(chan error, 1)
-	go func() { g.serveCh <- g.srv.Serve(ln) }()
+	g.stopped = make(chan error, 2)
+	go func() {
+		err := g.srv.Serve(ln)
+		if g.closing.Load() {
+			return
+		}
+		if err == nil {
+			err = errors.New("the listener was closed")
+		}
+		// Serving ended without Close: a gateway that no longer accepts must not idle on as a live process.
+		log.Error("the server stopped serving; the process should exit", slog.String("error", err.Error()))
+		g.stopped <- fmt.Errorf("gateway: stopped serving: %w", err)
+	}()
+	if cfg.MetricsListen != "" {
+		g.mln, err = net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: metrics_listen: %w", err)
+		}
+		g.msrv = &http.Server{Handler: g.srv.MetricsHandler(), ReadHeaderTimeout: cfg.ClientHeaderTimeout,
+			ReadTimeout: cfg.ClientBodyTimeout, WriteTimeout: cfg.ClientWriteTimeout, IdleTimeout: cfg.ClientIdleTimeout}
+		go func() {
+			if err := g.msrv.Serve(g.mln); err != nil && !errors.Is(err, http.ErrServerClosed) && !g.closing.Load() {
+				log.Error("the metrics server stopped serving", slog.String("error", err.Error()))
+				g.stopped <- fmt.Errorf("gateway: metrics server stopped: %w", err)
+			}
+		}()
+	}
 	log.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.Int("models", len(cfg.Models)),
 		slog.Int("endpoints", len(all)), slog.String("store", cfg.Store.Kind))
 	ok = true
@@ -311,6 +342,18 @@ func (g *Gateway) ID() string { return g.holder }
 // Addr is the address the server listens on.
 func (g *Gateway) Addr() string { return g.ln.Addr().String() }
 
+// MetricsAddr is the metrics_listen address ("" when unset).
+func (g *Gateway) MetricsAddr() string {
+	if g.mln == nil {
+		return ""
+	}
+	return g.mln.Addr().String()
+}
+
+// Stopped delivers an error when the gateway stopped serving without Close (its listener failed for good):
+// the process should exit non-zero so that a supervisor restarts it (`kvgate serve` does).
+func (g *Gateway) Stopped() <-chan error { return g.stopped }
+
 // Router returns the routing pipeline (explain and tests).
 func (g *Gateway) Router() *route.Router { return g.router }
 
@@ -344,6 +387,10 @@ func (g *Gateway) IngestStats() []kvevents.Stats {
 // Close stops serving, cancels in-flight requests, stops probes and ingestion, and closes the policy host.
 func (g *Gateway) Close(ctx context.Context) error {
 	var errs []error
+	g.closing.Store(true)
+	if g.msrv != nil {
+		g.msrv.Close()
+	}
 	if g.srv != nil {
 		errs = append(errs, g.srv.Shutdown(ctx))
 	}

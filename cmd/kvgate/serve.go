@@ -117,14 +117,18 @@ func serve(ctx context.Context, cfgPath string, out io.Writer) error {
 	}
 	printBanner(out, cfg, g.Addr(), secrets.AdminToken, generated, len(engines))
 
-	<-ctx.Done()
-	log.Info("shutting down")
+	var stopped error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case stopped = <-g.Stopped(): // logged by the gateway; exit non-zero so that a supervisor restarts us
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := g.Close(sctx); err != nil && !errors.Is(err, context.Canceled) {
+	if err := g.Close(sctx); err != nil && !errors.Is(err, context.Canceled) && stopped == nil {
 		return err
 	}
-	return nil
+	return stopped
 }
 
 // startSimulated starts cfg.Simulate.Engines simulated engines for every model that lists no endpoints and

@@ -120,8 +120,9 @@ type Config struct {
 	MaxPolicyBytes int64 `yaml:"max_policy_bytes"`
 	// ClientIdleTimeout closes idle client keep-alive connections (default 120s).
 	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
-	// UpstreamIdleTimeout fails an upstream response that sends no byte for this long (default 10m). There is
-	// no total timeout: a stream may run as long as it keeps sending.
+	// UpstreamIdleTimeout fails an upstream response body that sends no byte for this long (default 10m):
+	// silence between bytes. A stream may run as long as it keeps sending; the wait for the response's
+	// headers is bounded by upstream_first_byte_timeout (streams) or upstream_total_timeout.
 	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
 	// ScrapeInterval is how often each endpoint's /metrics and /health are read (default 250ms).
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
@@ -172,6 +173,8 @@ type Config struct {
 	// TokenIDsRecheckInterval is how often an endpoint without token IDs (not yet verified, or after a
 	// mismatch) is probed again (default 1s).
 	TokenIDsRecheckInterval time.Duration `yaml:"token_ids_recheck_interval"`
+	// FrontDoor holds the client-connection, upstream-timeout, retry and exposure keys (frontdoor.go).
+	FrontDoor `yaml:",inline"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -393,6 +396,7 @@ func (c *Config) applyDefaults() {
 	if c.TokenIDsRecheckInterval == 0 {
 		c.TokenIDsRecheckInterval = time.Second
 	}
+	c.FrontDoor.applyDefaults()
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -471,6 +475,7 @@ func (c *Config) Validate() error {
 	if c.DefaultOutputTokens < 0 {
 		bad("default_output_tokens", "must not be negative")
 	}
+	c.FrontDoor.validate(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -584,6 +589,8 @@ type Secrets struct {
 	ClientAPIKeys []string
 	// StorePassword is the Redis password, if any.
 	StorePassword string
+	// MetricsToken is the bearer token for /metrics on listen (metrics_token_env), if any.
+	MetricsToken string
 }
 
 // Secrets reads the environment variables named by c using getenv (os.Getenv in production).
@@ -598,6 +605,9 @@ func (c *Config) Secrets(getenv func(string) string) Secrets {
 	}
 	if c.Store.PasswordEnv != "" {
 		s.StorePassword = getenv(c.Store.PasswordEnv)
+	}
+	if c.MetricsTokenEnv != "" {
+		s.MetricsToken = strings.TrimSpace(getenv(c.MetricsTokenEnv))
 	}
 	return s
 }

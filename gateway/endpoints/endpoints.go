@@ -45,6 +45,10 @@ type Load struct {
 	Scraped time.Time
 	// Err is the last probe or scrape error ("" when fine).
 	Err string
+	// Ejected says the endpoint is out of routing after consecutive failures until EjectedUntil (Healthy
+	// is then false); see Set.Eject.
+	Ejected      bool
+	EjectedUntil time.Time
 }
 
 // Metrics is what ParseMetrics reads from a Prometheus text exposition.
@@ -136,6 +140,8 @@ type state struct {
 	ep   Endpoint
 	mu   sync.RWMutex
 	load Load
+	// ejectedUntil is the end of an outlier ejection, Unix nanoseconds (0: none); outlier.go.
+	ejectedUntil atomic.Int64
 }
 
 // Set is the live state of all endpoints. Safe for concurrent use.
@@ -210,8 +216,10 @@ func (s *Set) Load(id string) Load {
 		return Load{}
 	}
 	st.mu.RLock()
-	defer st.mu.RUnlock()
-	return st.load
+	l := st.load
+	st.mu.RUnlock()
+	st.applyEjection(&l)
+	return l
 }
 
 // MarkDown records that a forward to id failed to connect: it counts as unhealthy until the next good probe.

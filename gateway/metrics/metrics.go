@@ -59,6 +59,8 @@ type Metrics struct {
 	StoreErrors *prometheus.CounterVec
 	// LoadOnlyRoutes counts requests routed without the index (store down).
 	LoadOnlyRoutes *prometheus.CounterVec
+	// Front holds the front-door collectors (connections, timeouts, ejections; frontdoor.go).
+	Front *FrontDoor
 }
 
 // New creates the collectors and registers them, plus the Go and process collectors, on a new registry.
@@ -106,6 +108,7 @@ func New() *Metrics {
 		m.QueueTimeouts, m.UpstreamRetries, m.ClientDisconnects, m.InFlight, m.EndpointWaiting, m.EndpointRunning,
 		m.EndpointKVCacheUsage, m.EndpointHealthy, m.StoreDown, m.StoreErrors, m.LoadOnlyRoutes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Front = newFrontDoor(r)
 	return m
 }
 

@@ -140,6 +140,15 @@ type Request struct {
 	// SinglePrompt says the completions prompt is one prompt (not a batch list); only then may the gateway
 	// replace it with token IDs.
 	SinglePrompt bool
+	// Prompts is the number of completions prompts (1 for a single prompt or a chat); the engine runs each
+	// as its own sequence group.
+	Prompts int
+	// BatchTexts are the string prompts of a batch after the first (PromptText); BatchIDTokens counts the
+	// token IDs of a token-ID batch's lists after the first (PromptIDs). Routing reserves their tokens too.
+	BatchTexts    []string
+	BatchIDTokens int64
+	// BestOf is "best_of" (0 when absent): vLLM generates max(n, best_of) sequences per prompt.
+	BestOf int64
 	// HasPromptTokenIDs says a chat body already carries prompt_token_ids (the gateway then leaves it).
 	HasPromptTokenIDs bool
 	// Chat is a chat body decoded for the chat template by the same scan that read the fields above (nil
@@ -275,6 +284,7 @@ func (f *fields) apply(r *Request) error {
 		}
 		r.N = min(v, MaxNCap)
 	}
+
 	if f.salt != "" && rawType(f.salt) != gjson.Null {
 		if rawType(f.salt) != gjson.String {
 			return BadRequest("cache_salt", "`cache_salt` must be a string.")
@@ -293,7 +303,7 @@ func parseChat(body []byte) (*Request, error) {
 	if err != nil {
 		return nil, syntaxError(body, err)
 	}
-	r := &Request{API: Chat, MaxTokens: -1, N: 1, Chat: chat}
+	r := &Request{API: Chat, MaxTokens: -1, N: 1, Prompts: 1, Chat: chat}
 	if err := f.apply(r); err != nil {
 		return nil, err
 	}
@@ -337,9 +347,9 @@ func parseGJSON(api API, body []byte) (*Request, error) {
 	if !root.IsObject() {
 		return nil, BadRequest("", "Request body must be a JSON object.")
 	}
-	r := &Request{API: api, MaxTokens: -1, N: 1}
+	r := &Request{API: api, MaxTokens: -1, N: 1, Prompts: 1}
 	// One pass over the top-level members (a large body is scanned once, not once per field).
-	var model, stream, maxTokens, maxCompletion, n, salt, msgs, prompt gjson.Result
+	var model, stream, maxTokens, maxCompletion, n, salt, msgs, prompt, bestOf gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "model":
@@ -352,6 +362,8 @@ func parseGJSON(api API, body []byte) (*Request, error) {
 			maxCompletion = v
 		case "n":
 			n = v
+		case "best_of":
+			bestOf = v
 		case "cache_salt":
 			salt = v
 		case "messages":
@@ -392,6 +404,13 @@ func parseGJSON(api API, body []byte) (*Request, error) {
 			return nil, BadRequest("n", "`n` must be a positive integer.")
 		}
 		r.N = min(v, MaxNCap)
+	}
+	if bestOf.Exists() && bestOf.Type != gjson.Null {
+		v, ok := tokenCount(bestOf.Raw)
+		if !ok || v < 1 {
+			return nil, BadRequest("best_of", "`best_of` must be a positive integer.")
+		}
+		r.BestOf = min(v, MaxNCap)
 	}
 	if salt.Exists() && salt.Type != gjson.Null {
 		if salt.Type != gjson.String {
@@ -434,7 +453,10 @@ func (r *Request) readPrompt(p gjson.Result) error {
 					return bad
 				}
 			}
-			r.PromptText, r.SinglePrompt = items[0].Str, len(items) == 1
+			r.PromptText, r.SinglePrompt, r.Prompts = items[0].Str, len(items) == 1, len(items)
+			for _, it := range items[1:] {
+				r.BatchTexts = append(r.BatchTexts, it.Str)
+			}
 			return nil
 		case items[0].Type == gjson.Number:
 			ids, ok := tokenIDs(items)
@@ -444,16 +466,20 @@ func (r *Request) readPrompt(p gjson.Result) error {
 			r.PromptIDs, r.PromptIsIDs, r.SinglePrompt = ids, true, true
 			return nil
 		case items[0].IsArray():
-			for _, it := range items {
+			for i, it := range items {
 				if !it.IsArray() {
 					return bad
 				}
-				if _, ok := tokenIDs(it.Array()); !ok {
+				ids, ok := tokenIDs(it.Array())
+				if !ok {
 					return bad
+				}
+				if i > 0 {
+					r.BatchIDTokens += int64(len(ids))
 				}
 			}
 			r.PromptIDs, _ = tokenIDs(items[0].Array())
-			r.PromptIsIDs = true
+			r.PromptIsIDs, r.Prompts = true, len(items)
 			return nil
 		}
 	}

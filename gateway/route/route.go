@@ -244,8 +244,10 @@ type Plan struct {
 	LoRA    string
 	Request *openai.Request
 	// IDs are the prompt token IDs (for completions batches, the first prompt's).
-	IDs  []uint32
-	Keys []kvstore.BlockKey
+	IDs []uint32
+	// BatchTokens are the prompt tokens of a completions batch's other prompts (0 for a single prompt).
+	BatchTokens int64
+	Keys        []kvstore.BlockKey
 	// Candidates are the healthy endpoints, in snapshot order.
 	Candidates []Candidate
 	Snapshot   sdk.Snapshot
@@ -337,6 +339,10 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	}
 	if err := promptTooLong(m, req, len(p.IDs)); err != nil {
 		return nil, err
+	}
+	p.BatchTokens = req.BatchIDTokens
+	for _, txt := range req.BatchTexts {
+		p.BatchTokens = satAdd(p.BatchTokens, int64(len(m.Encoder.EncodeCompletion(txt))))
 	}
 	t := stage(metrics.StageTokenize, t0)
 	// 2. block keys
@@ -502,14 +508,17 @@ func (c *Claim) Lease() kvstore.Lease {
 	return c.lease
 }
 
-// Cost returns what the plan's request reserves: 1 request, and prompt + n × expected output tokens (the n
-// choices share the prompt's KV blocks; each generates its own output). Saturating: never negative.
+// Cost returns what the plan's request reserves: one request per sequence the engine runs — prompts ×
+// max(n, best_of), a batch of P prompts being P sequence groups — and every prompt's tokens plus each
+// sequence's expected output tokens (a prompt's sequences share its KV blocks; each generates its own
+// output). Saturating: never negative.
 func (r *Router) Cost(p *Plan) kvstore.Cost {
 	out := p.Request.MaxTokens
 	if out < 0 {
 		out = r.o.DefaultOutputTokens
 	}
-	return kvstore.Cost{Requests: 1, Tokens: satAdd(int64(len(p.IDs)), satMul(max(p.Request.N, 1), out))}
+	seqs := satMul(int64(max(p.Request.Prompts, 1)), max(p.Request.N, p.Request.BestOf, 1))
+	return kvstore.Cost{Requests: seqs, Tokens: satAdd(satAdd(int64(len(p.IDs)), p.BatchTokens), satMul(seqs, out))}
 }
 
 // Reserve leases the first ranked candidate with capacity, skipping candidates in exclude (indices of
@@ -537,6 +546,23 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		return nil, openai.Unavailable(p.Request.Model)
 	}
 	cost := r.Cost(p)
+	if cost.Requests > 1 {
+		// A batch (or n / best_of) needing more sequences than an endpoint runs at once could never be
+		// reserved there: only endpoints that can take it stay; none is a clear 400, not a 429 later.
+		fit, fitOrder, most := ranked[:0:0], order[:0:0], int64(0)
+		for k, c := range ranked {
+			if c.Limits.MaxRequests <= 0 || cost.Requests <= c.Limits.MaxRequests {
+				fit, fitOrder = append(fit, c), append(fitOrder, order[k])
+			}
+			most = max(most, c.Limits.MaxRequests)
+		}
+		if len(fit) == 0 {
+			return nil, openai.Errorf(400, "invalid_request_error", "prompt", "batch_too_large",
+				"The request needs %d sequences (prompts × max(n, best_of)); the endpoints serving `%s` run at most %d at once.",
+				cost.Requests, p.Request.Model, most)
+		}
+		ranked, order = fit, fitOrder
+	}
 	// A request larger than an endpoint's whole token limit would never fit: it claims the whole limit
 	// (the engine itself rejects prompts over its context length).
 	for _, c := range ranked {

@@ -38,52 +38,29 @@ func NormalizePath(raw string) (norm string, ok bool) {
 // IsAdminPath reports whether a normalized path is under /admin.
 func IsAdminPath(norm string) bool { return norm == "/admin" || strings.HasPrefix(norm, "/admin/") }
 
-func bearer(c *fiber.Ctx) string {
-	h := c.Get(fiber.HeaderAuthorization)
-	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		return strings.TrimSpace(h[7:])
-	}
-	return ""
-}
-
 func tokenOK(got, want string) bool {
 	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
 // auth is the one middleware in front of every route: /admin/ (in any spelling) needs the admin token; /v1/
-// needs a client key when keys are configured; everything else is open.
+// needs a client key when keys are configured; /metrics needs a token when client keys or a metrics token
+// are configured; ambiguous body framing is refused and the connection closed; everything else is open.
+// The same decision (refusal) already ran on the headers before the body was read (headerReceived).
 func (s *Server) auth(c *fiber.Ctx) error {
+	s.refused.del(&c.Request().Header)
+	if e, gen := s.refusal(&c.Request().Header); e != nil {
+		if gen {
+			s.count(UnknownModel, "", e.Status) // the body is not read for a refused client
+		}
+		if e.Status == fiber.StatusBadRequest {
+			c.Context().SetConnectionClose()
+		}
+		return sendError(c, e)
+	}
 	raw := string(c.Request().URI().PathOriginal())
-	norm, ok := NormalizePath(raw)
-	if !ok {
-		// Undecodable: authenticate as admin if it might be one, else let routing 404 it.
-		if strings.Contains(strings.ToLower(raw), "admin") && !tokenOK(bearer(c), s.secrets.AdminToken) {
-			return sendError(c, openai.Unauthorized())
-		}
-		return c.Next()
-	}
-	if IsAdminPath(norm) {
-		if !tokenOK(bearer(c), s.secrets.AdminToken) {
-			return sendError(c, openai.Unauthorized())
-		}
-		if norm != strings.ToLower(strings.TrimRight(raw, "/")) {
-			// Authenticated, but only the canonical spelling is routed.
-			return sendError(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "", "not_found", "Use the canonical path %s.", norm))
-		}
-		return c.Next()
-	}
-	if len(s.secrets.ClientAPIKeys) > 0 && (norm == "/v1" || strings.HasPrefix(norm, "/v1/")) {
-		got := bearer(c)
-		okKey := 0
-		for _, k := range s.secrets.ClientAPIKeys {
-			okKey |= subtle.ConstantTimeCompare([]byte(got), []byte(k))
-		}
-		if got == "" || okKey != 1 {
-			if c.Method() == fiber.MethodPost && isGeneratePath(norm) {
-				s.count(UnknownModel, "", fiber.StatusUnauthorized) // the body is not read for a refused client
-			}
-			return sendError(c, openai.Unauthorized())
-		}
+	if norm, ok := NormalizePath(raw); ok && IsAdminPath(norm) && norm != strings.ToLower(strings.TrimRight(raw, "/")) {
+		// Authenticated, but only the canonical spelling is routed.
+		return sendError(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "", "not_found", "Use the canonical path %s.", norm))
 	}
 	return c.Next()
 }

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,6 +99,15 @@ type Server struct {
 	// requests caches kvgate_requests_total children by requestKey (a per-request WithLabelValues hashes
 	// three labels and formats the status).
 	requests sync.Map
+	// trusted are the trusted_proxies prefixes; clients caps requests per X-Forwarded-For address behind
+	// them; retries is the retry budget.
+	trusted []netip.Prefix
+	clients *clientLimiter
+	retries *retryBudget
+	// refused remembers the requests refused on their headers for errorHandler.
+	refused refusedSet
+	// outl counts consecutive endpoint failures (passive outlier ejection).
+	outl outliers
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -109,25 +119,36 @@ type requestKey struct {
 // New builds the Fiber app.
 func New(o Options) *Server {
 	base, stop := context.WithCancel(context.Background())
-	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop}
+	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop, retries: newRetryBudget(o.Config.RetryBudget)}
+	for _, p := range o.Config.TrustedProxies {
+		if pr, err := config.ParseTrustedProxy(p); err == nil { // validated by config
+			s.trusted = append(s.trusted, pr)
+		}
+	}
+	s.clients = &clientLimiter{max: o.Config.MaxConnectionsPerIP, trusted: s.trusted, n: map[netip.Addr]int{}}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "kvgate",
 		BodyLimit:             int(o.Config.MaxBodyBytes),
 		IdleTimeout:           o.Config.ClientIdleTimeout,
+		ReadTimeout:           o.Config.ClientHeaderTimeout, // headers; the body gets client_body_timeout (headerReceived)
+		WriteTimeout:          o.Config.ClientWriteTimeout,
 		ReadBufferSize:        16 << 10,
 		CaseSensitive:         true,
 		StrictRouting:         false,
 		DisableStartupMessage: true,
 		ErrorHandler:          s.errorHandler,
 	})
+	s.app.Server().HeaderReceived = s.headerReceived
 	s.app.Use(s.auth)
 	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
 	s.app.Post("/v1/completions", s.generate(openai.Completions))
 	s.app.Get("/v1/models", s.listModels)
 	s.app.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	s.app.Get("/readyz", s.readyz)
-	prom := adaptor.HTTPHandler(promhttp.HandlerFor(o.Metrics.Registry, promhttp.HandlerOpts{}))
-	s.app.Get("/metrics", func(c *fiber.Ctx) error { s.refreshGauges(); return prom(c) })
+	if o.Config.MetricsListen == "" { // else served on its own listener only (ServeMetrics)
+		prom := adaptor.HTTPHandler(promhttp.HandlerFor(o.Metrics.Registry, promhttp.HandlerOpts{}))
+		s.app.Get("/metrics", func(c *fiber.Ctx) error { s.refreshGauges(); return prom(c) })
+	}
 	if o.Admin != nil {
 		o.Admin(s.app.Group("/admin/v1"))
 	}
@@ -142,8 +163,26 @@ func New(o Options) *Server {
 // App returns the Fiber app (tests use App().Test; the admin package adds routes through Options.Admin).
 func (s *Server) App() *fiber.App { return s.app }
 
-// Serve serves on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
+// Serve serves on ln until Shutdown. Accept errors never end it (they are logged, counted and retried after
+// a back-off); connections over max_connections / max_connections_per_ip are closed at once. It returns
+// only after Shutdown or when ln is closed.
+func (s *Server) Serve(ln net.Listener) error {
+	cfg := s.o.Config
+	return s.app.Listener(newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log))
+}
+
+// MetricsHandler serves /metrics for a separate listener (metrics_listen).
+func (s *Server) MetricsHandler() http.Handler {
+	prom := promhttp.HandlerFor(s.o.Metrics.Registry, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		s.refreshGauges()
+		prom.ServeHTTP(w, r)
+	})
+}
 
 // Shutdown stops accepting, cancels in-flight upstream requests (their leases are released) and waits up to
 // ctx for handlers to end.
@@ -165,6 +204,14 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	}
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
+		// A request refused on its headers had a one-byte body limit (headerReceived): answer the refusal,
+		// not the 413 (or the timeout). fasthttp closes the connection after this answer.
+		if r, ok := s.refused.take(&c.Request().Header); ok {
+			if r.generate {
+				s.count(UnknownModel, "", r.e.Status)
+			}
+			return sendError(c, r.e)
+		}
 		if fe.Code == fiber.StatusRequestEntityTooLarge {
 			if norm, ok := NormalizePath(string(c.Request().URI().PathOriginal())); ok && isGeneratePath(norm) {
 				s.count(UnknownModel, "", fe.Code) // the body was never read: its model is unknown
@@ -219,18 +266,26 @@ func (s *Server) refreshGauges() {
 			h = 1
 		}
 		m.EndpointHealthy.WithLabelValues(e.ID).Set(h)
+		ej := 0.0
+		if l.Ejected {
+			ej = 1
+		}
+		m.Front.EndpointEjected.WithLabelValues(e.ID).Set(ej)
 	}
 }
 
-// readyz answers 200 when every model has a healthy endpoint, else 503; the body details endpoints, the store
-// (degraded while it is unreachable) and whatever Options.Ready adds.
+// readyz answers 200 when every model has a healthy endpoint, else 503 (open: probes need the status). The
+// body says {"ready","degraded"}; with the admin token it details endpoints (ejections included), the store
+// (degraded while it is unreachable) and whatever Options.Ready adds — raw errors stay behind the token.
 func (s *Server) readyz(c *fiber.Ctx) error {
 	type epState struct {
-		Healthy      bool    `json:"healthy"`
-		Waiting      float64 `json:"waiting"`
-		Running      float64 `json:"running"`
-		KVCacheUsage float64 `json:"kv_cache_utilization"`
-		Error        string  `json:"error,omitempty"`
+		Healthy      bool       `json:"healthy"`
+		Waiting      float64    `json:"waiting"`
+		Running      float64    `json:"running"`
+		KVCacheUsage float64    `json:"kv_cache_utilization"`
+		Error        string     `json:"error,omitempty"`
+		Ejected      bool       `json:"ejected,omitempty"`
+		EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	}
 	ready := true
 	models := map[string]map[string]epState{}
@@ -240,13 +295,23 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		any := false
 		for _, e := range rm.Endpoints {
 			l := s.o.Endpoints.Load(e.ID)
-			eps[e.ID] = epState{l.Healthy, l.Waiting, l.Running, l.KVCacheUsage, l.Err}
+			st := epState{Healthy: l.Healthy, Waiting: l.Waiting, Running: l.Running, KVCacheUsage: l.KVCacheUsage, Error: l.Err, Ejected: l.Ejected}
+			if l.Ejected {
+				st.EjectedUntil = &l.EjectedUntil
+			}
+			eps[e.ID] = st
 			any = any || l.Healthy
 		}
 		ready = ready && any
 		models[m.Name] = eps
 	}
 	st := s.o.Router.StoreStatus()
+	if !ready {
+		c.Status(fiber.StatusServiceUnavailable)
+	}
+	if !tokenOK(bearerOf(c.Get(fiber.HeaderAuthorization)), s.secrets.AdminToken) {
+		return c.JSON(fiber.Map{"ready": ready, "degraded": st.Down})
+	}
 	body := map[string]any{"ready": ready, "degraded": st.Down, "store": st, "models": models}
 	if s.o.Ready != nil {
 		for k, v := range s.o.Ready() {
@@ -337,6 +402,19 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			s.count(UnknownModel, "", http.StatusNotFound)
 			return openai.ModelNotFound(req.Model)
 		}
+		if req.Prompts > s.o.Config.MaxBatchPrompts {
+			s.count(sm.Model.Name, "", http.StatusBadRequest)
+			return openai.Errorf(http.StatusBadRequest, "invalid_request_error", "prompt", "batch_too_large",
+				"The batch has %d prompts; at most %d (max_batch_prompts) are accepted.", req.Prompts, s.o.Config.MaxBatchPrompts)
+		}
+		// Behind a trusted proxy, max_connections_per_ip caps concurrent requests per forwarded client.
+		relClient, okClient := s.clients.acquire(c)
+		if !okClient {
+			s.count(sm.Model.Name, "", http.StatusTooManyRequests)
+			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
+			return sendError(c, openai.Errorf(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests",
+				"Too many concurrent requests from this client (max_connections_per_ip)."))
+		}
 		ctx, cancel := context.WithCancel(s.base)
 		stopWatch := watch(c.Context().Conn(), cancel)
 		finished := false
@@ -344,6 +422,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if !finished { // not handed to a stream writer
 				stopWatch()
 				cancel()
+				relClient()
 			}
 		}()
 		log := s.o.Log
@@ -356,6 +435,21 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		exclude := map[int]bool{}
 		var resp *http.Response
 		var claim *route.Claim
+		cfg := s.o.Config
+		s.retries.deposit()
+		// retry says whether another endpoint may be tried after cand failed before any byte reached the
+		// client: one is left and the retry budget allows it.
+		retry := func(idx int) bool {
+			exclude[idx] = true
+			if len(exclude) >= len(plan.Candidates) {
+				return false
+			}
+			if !s.retries.withdraw() {
+				s.o.Metrics.Front.RetryBudgetExhausted.Inc()
+				return false
+			}
+			return true
+		}
 		for {
 			claim, err = s.o.Router.Reserve(ctx, plan, exclude)
 			if err != nil {
@@ -383,9 +477,26 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
-			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, hdr, dropAuth)
+			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: hdr,
+				DropAuth: dropAuth, Stream: req.Stream})
 			if err == nil {
-				break
+				if resp.StatusCode >= 500 {
+					s.outlierFailure(sm.Model, cand.ID)
+				} else {
+					s.outlierSuccess(cand.ID)
+				}
+				if !cfg.RetryOnStatus(resp.StatusCode) || !retry(claim.Index) {
+					break
+				}
+				// The engine refused the request (e.g. 503 overloaded, 429): it did not run it, so another
+				// endpoint may. Nothing has been sent to the client yet.
+				log.Warn("engine refused the request; trying the next ranked endpoint", slog.String("endpoint_id", cand.ID),
+					slog.Int("status", resp.StatusCode))
+				io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				s.o.Router.Release(claim)
+				s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+				continue
 			}
 			s.o.Router.Release(claim)
 			if ctx.Err() != nil {
@@ -393,15 +504,32 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				s.count(sm.Model.Name, cand.ID, StatusClientClosed)
 				return nil
 			}
-			log.Warn("upstream failed before responding; trying the next ranked endpoint",
-				slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
-			s.o.Endpoints.MarkDown(cand.ID, err.Error())
-			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
-			exclude[claim.Index] = true
-			if len(exclude) >= len(plan.Candidates) {
-				// The details (engine URLs, socket errors) are in the log above, not for the client.
-				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint serving `%s` failed before responding.", req.Model)))
+			var ue *upstream.Error
+			errors.As(err, &ue)
+			started := ue == nil || ue.Started
+			s.outlierFailure(sm.Model, cand.ID)
+			if ue != nil && ue.Timeout != nil {
+				s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(cand.ID, timeoutKind(ue.Timeout)).Inc()
 			}
+			if started {
+				// The engine may have run the request: never send it again (one request, one generation).
+				log.Warn("upstream failed after the request was sent; not retried", slog.String("endpoint_id", cand.ID),
+					slog.String("error", err.Error()))
+				if ue != nil && ue.Timeout != nil {
+					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+				}
+				return s.fail(c, req, cand.ID, openai.Upstream("The engine failed before responding."))
+			}
+			log.Warn("upstream failed before the request was sent", slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
+			s.o.Endpoints.MarkDown(cand.ID, err.Error())
+			if !cfg.RetryOnConnect() || !retry(claim.Index) {
+				// The details (engine URLs, socket errors) are in the log above, not for the client.
+				if ue != nil && ue.Timeout != nil {
+					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+				}
+				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint tried for `%s` failed before responding.", req.Model)))
+			}
+			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
 		}
 		epID := plan.Candidates[claim.Index].ID
 		// Renew the lease while the response runs.
@@ -418,6 +546,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				stopRenew()
 				stopWatch()
 				cancel()
+				relClient()
 				resp.Body.Close()
 				s.o.Router.Release(claim)
 				if disconnected {
@@ -448,30 +577,66 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		if plan.Info.Fallback != "" {
 			c.Set(HeaderFallback, plan.Info.Fallback)
 		}
-		streaming := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		// A stream:true request is relayed as a stream whatever the engine's content type (an engine's own
+		// error answer to it is passed through whole); an SSE answer is always streamed.
+		streaming := sse || (req.Stream && resp.StatusCode < 300)
 		if !streaming {
 			// Non-streaming: the watcher keeps polling the client while the engine generates.
 			b, rerr := io.ReadAll(resp.Body)
 			if rerr != nil {
 				disc := ctx.Err() != nil
-				finish(502, disc)
+				e := openai.Upstream("The engine's response failed before it ended.")
+				if to := bodyTimeout(rerr); to != nil && !disc {
+					e = upstreamTimeout(req.Model)
+					s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(epID, timeoutKind(to)).Inc()
+				}
+				finish(e.Status, disc)
 				if disc {
 					return nil
 				}
+				s.o.Metrics.Front.UpstreamFailures.WithLabelValues(epID).Inc()
 				c.Response().Header.Del(fiber.HeaderContentType)
 				log.Warn("engine response failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
-				return sendError(c, openai.Upstream("The engine's response failed before it ended."))
+				return sendError(c, e)
 			}
 			finish(resp.StatusCode, false)
 			return c.Send(b)
 		}
 		c.Set(fiber.HeaderCacheControl, "no-cache")
+		c.Set("X-Accel-Buffering", "no") // nginx and its kin must not buffer the stream
 		finished = true
+		conn := c.Context().Conn() // the fiber.Ctx is released when the handler returns; the conn lives on
+		writeTimeout := cfg.ClientWriteTimeout
+		validate := resp.StatusCode < 300
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 			buf := make([]byte, 32<<10)
+			var sc streamScan
+			// endWithError ends a stream that failed or ended unfinished with one error event (none when
+			// the engine already sent one) and counts it as an upstream failure.
+			endWithError := func(msg string) {
+				s.o.Metrics.Front.UpstreamFailures.WithLabelValues(epID).Inc()
+				if !sc.sawError {
+					e := openai.Upstream(msg)
+					if writeTimeout > 0 {
+						conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+					}
+					w.WriteString("data: ")
+					w.Write(e.JSON())
+					w.WriteString("\n\n")
+					w.Flush()
+				}
+				finish(http.StatusBadGateway, false)
+			}
 			for {
 				n, rerr := resp.Body.Read(buf)
 				if n > 0 {
+					sc.scan(buf[:n])
+					// A client that accepts nothing for client_write_timeout is disconnected: the write
+					// fails, the engine request is cancelled and the lease released.
+					if writeTimeout > 0 {
+						conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+					}
 					if _, werr := w.Write(buf[:n]); werr != nil {
 						finish(resp.StatusCode, true)
 						return
@@ -482,21 +647,35 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 					}
 				}
 				if rerr == io.EOF {
-					finish(resp.StatusCode, false)
+					switch {
+					case !validate:
+						finish(resp.StatusCode, false)
+					case sc.sawError:
+						log.Warn("engine stream carried an error event", slog.String("endpoint_id", epID))
+						endWithError("")
+					case !sc.finished():
+						log.Warn("engine stream ended without a finish reason or [DONE]", slog.String("endpoint_id", epID))
+						endWithError("The engine's stream ended before it finished.")
+					default:
+						finish(resp.StatusCode, false)
+					}
 					return
 				}
 				if rerr != nil {
-					disc := ctx.Err() != nil
-					if !disc {
-						// The engine failed mid-stream: end the stream with an error event (never retried).
-						log.Warn("engine stream failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
-						e := openai.Upstream("The engine's stream failed before it ended.")
-						w.WriteString("data: ")
-						w.Write(e.JSON())
-						w.WriteString("\n\n")
-						w.Flush()
+					if ctx.Err() != nil {
+						finish(http.StatusBadGateway, true)
+						return
 					}
-					finish(502, disc)
+					// The engine failed mid-stream: end the stream with an error event (never retried).
+					log.Warn("engine stream failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
+					if to := bodyTimeout(rerr); to != nil {
+						s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(epID, timeoutKind(to)).Inc()
+					}
+					if sc.finished() && !sc.sawError {
+						finish(resp.StatusCode, false) // everything was delivered; only the close was unclean
+						return
+					}
+					endWithError("The engine's stream failed before it ended.")
 					return
 				}
 			}
@@ -512,9 +691,9 @@ func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) e
 		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
 	}
 	s.count(s.modelLabel(req.Model), ep, oe.Status)
-	if oe.Status == http.StatusTooManyRequests {
-		// Every endpoint stayed full for the queue timeout: a client (the OpenAI SDKs honour it) should
-		// wait before retrying rather than retry at once.
+	if oe.Status == http.StatusTooManyRequests || oe.Status == http.StatusServiceUnavailable {
+		// Every endpoint stayed full for the queue timeout, or none is healthy: a client (the OpenAI SDKs
+		// honour it) should wait before retrying rather than retry at once.
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
 	}
 	return sendError(c, oe)

@@ -17,6 +17,7 @@ import (
 	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
@@ -44,77 +45,239 @@ func Body(kind string, req *openai.Request, body []byte, ids []uint32) ([]byte, 
 
 // Client posts to endpoints. Safe for concurrent use.
 type Client struct {
-	hc   *http.Client
-	idle time.Duration
+	hc *http.Client
+	o  Options
 }
 
-// New returns a Client whose responses fail when the engine sends nothing for idle (0: never). There is no
-// total timeout.
+// Options are a Client's timeouts (0: none) and header rules.
+type Options struct {
+	// ConnectTimeout bounds connecting to an engine (TCP connect).
+	ConnectTimeout time.Duration
+	// FirstByteTimeout bounds a streaming request from its start to the response's headers.
+	FirstByteTimeout time.Duration
+	// TotalTimeout bounds a non-streaming request from its start to the end of its response body.
+	TotalTimeout time.Duration
+	// IdleTimeout fails a response body that sends no byte for this long (silence between bytes).
+	IdleTimeout time.Duration
+	// ForwardCookies keeps the client's Cookie header (dropped by default).
+	ForwardCookies bool
+}
+
+// New returns a Client whose response bodies fail when the engine sends nothing for idle (0: never), with
+// a 5 s connect timeout and no other timeout. NewWithOptions sets them all.
 func New(idle time.Duration) *Client {
+	return NewWithOptions(Options{ConnectTimeout: 5 * time.Second, IdleTimeout: idle})
+}
+
+// NewWithOptions returns a Client with o's timeouts.
+func NewWithOptions(o Options) *Client {
 	tr := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          4096,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: idle,
-		DisableCompression:    true, // pass the engine's bytes through; SSE must not be buffered by gzip
-		ForceAttemptHTTP2:     false,
-		WriteBufferSize:       64 << 10,
-		ReadBufferSize:        32 << 10,
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // pass the engine's bytes through; SSE must not be buffered by gzip
+		ForceAttemptHTTP2:   false,
+		WriteBufferSize:     64 << 10,
+		ReadBufferSize:      32 << 10,
 	}
-	return &Client{hc: &http.Client{Transport: tr}, idle: idle}
+	return &Client{hc: &http.Client{Transport: tr}, o: o}
 }
 
 // HTTP returns the underlying client (used for the endpoints' /metrics and /health scrapes, sharing the
 // connection pool).
 func (c *Client) HTTP() *http.Client { return c.hc }
 
-// ErrBeforeResponse wraps a failure that happened before any response byte arrived: the request may be
-// retried on another endpoint.
+// ErrBeforeResponse wraps a failure that happened before any response byte arrived.
 var ErrBeforeResponse = errors.New("upstream: failed before the response")
+
+// Timeout errors (errors.Is on a Post error or a response body read error).
+var (
+	// ErrFirstByteTimeout: a streaming response's headers did not arrive within FirstByteTimeout.
+	ErrFirstByteTimeout = errors.New("upstream: first-byte timeout")
+	// ErrTotalTimeout: a non-streaming response did not end within TotalTimeout.
+	ErrTotalTimeout = errors.New("upstream: total timeout")
+	// ErrConnectTimeout: connecting to the engine took longer than ConnectTimeout.
+	ErrConnectTimeout = errors.New("upstream: connect timeout")
+)
+
+// Error is a Post failure before any response byte. Started says whether the engine may have started
+// the request: false only when it provably did not (the connection could not be made, or the request was
+// not completely written), and only then may the request be sent to another endpoint. Timeout is one of
+// the Err*Timeout errors, or nil.
+type Error struct {
+	Started bool
+	Timeout error
+	Err     error
+}
+
+// Error describes the failure.
+func (e *Error) Error() string {
+	if e.Timeout != nil {
+		return fmt.Sprintf("%v: %v: %v", ErrBeforeResponse, e.Timeout, e.Err)
+	}
+	return fmt.Sprintf("%v: %v", ErrBeforeResponse, e.Err)
+}
+
+// Is makes errors.Is(err, ErrBeforeResponse) and errors.Is(err, e.Timeout) true.
+func (e *Error) Is(target error) bool {
+	return target == ErrBeforeResponse || (e.Timeout != nil && target == e.Timeout)
+}
+
+// Unwrap returns the transport's error.
+func (e *Error) Unwrap() error { return e.Err }
 
 // hopHeaders are not forwarded (RFC 9110 §7.6.1) or are recomputed.
 var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true,
 	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Host": true,
 	"Content-Length": true, "Accept-Encoding": true, "Proxy-Authorization": true}
 
-// Post sends body to baseURL+path with the client's headers hdr (hop-by-hop headers dropped; Authorization
-// dropped when dropAuth). The response's headers have arrived when it returns; its Body reads fail with
-// context.Canceled after ctx ends and with an idle-timeout error after the engine stalls. A reused keep-alive
-// connection that the engine had closed is retried once transparently. Errors wrap ErrBeforeResponse.
+// routingHeaders are kvgate's own, or name a destination or origin other proxies act on: a client must
+// not be able to set them towards an engine.
+var routingHeaders = map[string]bool{"X-Gateway-Destination-Endpoint": true, "X-Forwarded-Host": true,
+	"X-Gateway-Model-Name": true}
+
+// forwardHeader says whether the client header k (canonical) goes to the engine; nominated are the
+// header names listed in the client's Connection header (canonical).
+func (c *Client) forwardHeader(k string, dropAuth bool, nominated map[string]bool) bool {
+	switch {
+	case hopHeaders[k], routingHeaders[k], nominated[k], strings.HasPrefix(k, "X-Kvgate-"):
+		return false
+	case dropAuth && k == "Authorization":
+		return false
+	case k == "Cookie" && !c.o.ForwardCookies:
+		return false
+	}
+	return true
+}
+
+// Post sends body to baseURL+path as a non-streaming request; see Do.
 func (c *Client) Post(ctx context.Context, baseURL, path string, body []byte, hdr http.Header, dropAuth bool) (*http.Response, error) {
-	url := strings.TrimRight(baseURL, "/") + path
-	for attempt := 0; ; attempt++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBeforeResponse, err)
-		}
-		for k, vs := range hdr {
-			if hopHeaders[k] || (dropAuth && k == "Authorization") {
-				continue
+	return c.Do(ctx, Request{BaseURL: baseURL, Path: path, Body: body, Header: hdr, DropAuth: dropAuth})
+}
+
+// Request is one engine request.
+type Request struct {
+	BaseURL, Path string
+	Body          []byte
+	// Header are the client's headers: hop-by-hop ones, those the client's Connection header nominates,
+	// kvgate's routing headers (X-Kvgate-*, X-Gateway-Destination-Endpoint, X-Forwarded-Host) and, unless
+	// ForwardCookies, Cookie are dropped; Authorization too when DropAuth.
+	Header   http.Header
+	DropAuth bool
+	// Stream selects FirstByteTimeout (headers) instead of TotalTimeout (the whole response).
+	Stream bool
+}
+
+// Do sends r. The response's headers have arrived when it returns; its Body reads fail with
+// context.Canceled after ctx ends, ErrIdle after the engine is silent for IdleTimeout and, for a
+// non-streaming request, ErrTotalTimeout. A reused keep-alive connection that failed before the request
+// was completely written is retried once on a new connection; a request that was written is never sent
+// again. Errors are *Error.
+func (c *Client) Do(ctx context.Context, r Request) (*http.Response, error) {
+	url := strings.TrimRight(r.BaseURL, "/") + r.Path
+	limit, limitErr := c.o.TotalTimeout, ErrTotalTimeout
+	if r.Stream {
+		limit, limitErr = c.o.FirstByteTimeout, ErrFirstByteTimeout
+	}
+	var nominated map[string]bool
+	for _, v := range r.Header["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				if nominated == nil {
+					nominated = map[string]bool{}
+				}
+				nominated[http.CanonicalHeaderKey(f)] = true
 			}
-			req.Header[k] = vs
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithCancelCause(ctx)
+		var timer *time.Timer
+		if limit > 0 {
+			timer = time.AfterFunc(limit, func() { cancel(limitErr) })
+		}
+		req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(r.Body))
+		if err != nil {
+			cancel(nil)
+			return nil, &Error{Err: err}
+		}
+		for k, vs := range r.Header {
+			if c.forwardHeader(k, r.DropAuth, nominated) {
+				req.Header[k] = vs
+			}
 		}
 		if req.Header.Get("Content-Type") == "" {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		var reused bool
-		req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		var reused, wrote, connected atomic.Bool
+		req = req.WithContext(httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
+			GotConn:      func(i httptrace.GotConnInfo) { reused.Store(i.Reused); connected.Store(true) },
+			WroteRequest: func(i httptrace.WroteRequestInfo) { wrote.Store(i.Err == nil) },
 		}))
 		resp, err := c.hc.Do(req)
 		if err == nil {
-			if c.idle > 0 {
-				resp.Body = newIdleBody(resp.Body, c.idle)
+			if r.Stream && timer != nil {
+				timer.Stop() // headers arrived; the idle timeout guards the stream from here
 			}
+			var body io.ReadCloser = &cancelBody{rc: resp.Body, ctx: rctx, cancel: cancel, timer: timer}
+			if c.o.IdleTimeout > 0 {
+				body = newIdleBody(body, c.o.IdleTimeout)
+			}
+			resp.Body = body
 			return resp, nil
 		}
-		if reused && attempt == 0 && ctx.Err() == nil {
-			continue // a stale keep-alive connection: the engine never saw this request
+		cause := context.Cause(rctx)
+		if timer != nil {
+			timer.Stop()
 		}
-		return nil, fmt.Errorf("%w: %v", ErrBeforeResponse, err)
+		cancel(nil)
+		e := &Error{Started: wrote.Load(), Err: err}
+		switch {
+		case cause == limitErr:
+			e.Timeout = limitErr
+		case !connected.Load() && isTimeout(err):
+			e.Timeout = ErrConnectTimeout
+		}
+		if ctx.Err() == nil && e.Timeout == nil && !e.Started && reused.Load() && attempt == 0 {
+			continue // a stale keep-alive connection, and the request was not completely written on it
+		}
+		return nil, e
 	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// cancelBody ends the request's own context when the body is closed and reports a total timeout as
+// ErrTotalTimeout.
+type cancelBody struct {
+	rc     io.ReadCloser
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+func (b *cancelBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil && err != io.EOF {
+		if c := context.Cause(b.ctx); c == ErrTotalTimeout {
+			return n, ErrTotalTimeout
+		}
+	}
+	return n, err
+}
+
+func (b *cancelBody) Close() error {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	err := b.rc.Close()
+	b.cancel(nil)
+	return err
 }
 
 // ErrIdle is the read error after the engine sent nothing for the idle timeout.

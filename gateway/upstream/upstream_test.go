@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,5 +80,90 @@ func TestIdleTimeout(t *testing.T) {
 	}
 	if _, err := c.Post(context.Background(), "http://127.0.0.1:1", "/x", nil, nil, false); !errors.Is(err, ErrBeforeResponse) {
 		t.Fatalf("refused: %v", err)
+	}
+}
+
+// A request the engine read is Started (never to be re-sent); a refused connection is not; a streaming
+// request without headers in time fails with ErrFirstByteTimeout, a non-streaming one that does not end in
+// time with ErrTotalTimeout (also mid-body), and the idle timeout does not apply to the headers.
+func TestStartedAndTimeouts(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		switch r.URL.Path {
+		case "/drop":
+			io.ReadAll(r.Body)
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+		case "/slow-headers":
+			select {
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+			}
+		case "/slow-body":
+			w.Write([]byte("{"))
+			w.(http.Flusher).Flush()
+			select {
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer srv.Close()
+	c := NewWithOptions(Options{ConnectTimeout: time.Second, FirstByteTimeout: 200 * time.Millisecond,
+		TotalTimeout: 300 * time.Millisecond, IdleTimeout: 100 * time.Millisecond})
+	var ue *Error
+	_, err := c.Do(context.Background(), Request{BaseURL: srv.URL, Path: "/drop", Body: []byte("{}")})
+	if !errors.As(err, &ue) || !ue.Started || calls.Load() != 1 {
+		t.Fatalf("dropped after reading: %v (calls %d)", err, calls.Load())
+	}
+	_, err = c.Do(context.Background(), Request{BaseURL: "http://127.0.0.1:1", Path: "/x"})
+	if !errors.As(err, &ue) || ue.Started || !errors.Is(err, ErrBeforeResponse) {
+		t.Fatalf("refused: %v", err)
+	}
+	start := time.Now()
+	_, err = c.Do(context.Background(), Request{BaseURL: srv.URL, Path: "/slow-headers", Stream: true})
+	if !errors.Is(err, ErrFirstByteTimeout) || !errors.As(err, &ue) || !ue.Started || time.Since(start) > time.Second {
+		t.Fatalf("stream headers: %v after %v", err, time.Since(start))
+	}
+	_, err = c.Do(context.Background(), Request{BaseURL: srv.URL, Path: "/slow-headers"})
+	if !errors.Is(err, ErrTotalTimeout) {
+		t.Fatalf("non-stream headers: %v (the 100 ms idle timeout must not fire on headers)", err)
+	}
+	resp, err := c.Do(context.Background(), Request{BaseURL: srv.URL, Path: "/slow-body"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, ErrIdle) && !errors.Is(err, ErrTotalTimeout) {
+		t.Fatalf("slow body: %v", err)
+	}
+}
+
+// Hop-by-hop, Connection-nominated, routing and cookie headers are not forwarded; others are.
+func TestHeaderHygiene(t *testing.T) {
+	got := make(chan http.Header, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
+	defer srv.Close()
+	hdr := http.Header{"Connection": {"keep-alive, X-Hop"}, "X-Hop": {"1"}, "Cookie": {"a=b"}, "X-Kvgate-Endpoint": {"e"},
+		"X-Gateway-Destination-Endpoint": {"h:1"}, "X-Forwarded-Host": {"evil"}, "Authorization": {"Bearer k"},
+		"Keep-Alive": {"timeout=5"}, "X-Vendor": {"v"}}
+	for _, cookies := range []bool{false, true} {
+		c := NewWithOptions(Options{ForwardCookies: cookies})
+		resp, err := c.Do(context.Background(), Request{BaseURL: srv.URL, Path: "/", Header: hdr, DropAuth: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		h := <-got
+		for _, k := range []string{"X-Hop", "X-Kvgate-Endpoint", "X-Gateway-Destination-Endpoint", "X-Forwarded-Host", "Authorization", "Keep-Alive"} {
+			if h.Get(k) != "" {
+				t.Errorf("%s forwarded", k)
+			}
+		}
+		if (h.Get("Cookie") != "") != cookies || h.Get("X-Vendor") != "v" {
+			t.Errorf("forward_cookies %v: Cookie %q, X-Vendor %q", cookies, h.Get("Cookie"), h.Get("X-Vendor"))
+		}
 	}
 }

@@ -163,10 +163,10 @@ func (g *Gateway) Metrics(ctx context.Context) (Samples, error) {
 	return ScrapeMetrics(ctx, g.URL()+"/metrics")
 }
 
-// Ready returns GET /readyz's status and decoded body.
+// Ready returns GET /readyz's status and decoded body (with the admin token, so the details are in it).
 func (g *Gateway) Ready(ctx context.Context) (int, map[string]any, error) {
 	var out map[string]any
-	st, err := g.do(ctx, http.MethodGet, "/readyz", nil, false, &out)
+	st, err := g.do(ctx, http.MethodGet, "/readyz", nil, true, &out) // details need the admin token
 	return st, out, err
 }
 
