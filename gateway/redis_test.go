@@ -14,9 +14,11 @@ import (
 	"github.com/kvgate/kvgate/plugins"
 )
 
+// readyz returns a gateway's /readyz body with its details (they need the admin token, "admintok" for
+// gateways started by startGateway).
 func readyz(t *testing.T, g *Gateway) map[string]any {
 	t.Helper()
-	resp, err := http.Get("http://" + g.Addr() + "/readyz")
+	resp, err := getReadyz(g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,6 +26,16 @@ func readyz(t *testing.T, g *Gateway) map[string]any {
 	var m map[string]any
 	json.NewDecoder(resp.Body).Decode(&m)
 	return m
+}
+
+// getReadyz asks g for /readyz with the admin token.
+func getReadyz(g *Gateway) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodGet, "http://"+g.Addr()+"/readyz", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer admintok")
+	return http.DefaultClient.Do(req)
 }
 
 // Two gateways on one Redis behave as one: one ingester per endpoint (taken over when its gateway dies),

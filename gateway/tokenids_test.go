@@ -77,7 +77,7 @@ type tokenStatus struct {
 
 func readyTokens(t testing.TB, g *Gateway) map[string]tokenStatus {
 	t.Helper()
-	resp, err := http.Get("http://" + g.Addr() + "/readyz")
+	resp, err := getReadyz(g)
 	if err != nil {
 		t.Fatal(err)
 	}
