@@ -74,6 +74,7 @@ func parseFlags(args []string, getenv func(string) string) (sim.Config, error) {
 	stall := fs.Duration("fault-stall-before-headers", 0, "fault: delay response headers by this long")
 	fs.IntVar(&cfg.Faults.StallCount, "fault-stall-count", 0, "fault: how many requests the stall hits (-1 = all; default 1)")
 	fs.IntVar(&cfg.Faults.DropEventBatches, "fault-drop-event-batches", 0, "fault: drop this many upcoming KV-event batches (sequence gap; they stay replayable)")
+	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", 1, "(vLLM) data-parallel ranks, each with its own scheduler, KV cache and KV-event publisher (event and replay ports + rank); X-data-parallel-rank picks a request's rank")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
