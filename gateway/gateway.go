@@ -171,6 +171,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	// Endpoints and models.
 	up := upstream.New(cfg.UpstreamIdleTimeout)
 	var all []endpoints.Endpoint
+	ranks := map[string]int{} // endpoint ID -> data-parallel size
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
 		enc, err := o.LoadEncoder(m.Tokenizer)
@@ -180,10 +181,12 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
 			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
-			rm.Endpoints = append(rm.Endpoints, route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
+			rm.Endpoints = append(rm.Endpoints, route.Ranked(route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
 				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens},
-				Events: e.KVEvents != ""})
-			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL})
+				Events: e.KVEvents != ""}, e.Ranks())...)
+			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL,
+				DataParallelSize: e.Ranks()})
+			ranks[e.ID] = e.Ranks()
 		}
 		var ids []string
 		for _, e := range m.Endpoints {
@@ -206,7 +209,10 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			g.noteStartTime(id, l.StartTime)
 		}
 		if rt := routerRef.Load(); rt != nil {
-			rt.NoteLoad(id, l.Running, l.Waiting, l.Scraped)
+			n := float64(ranks[id])
+			for _, rid := range route.RankIDs(id, ranks[id]) { // each rank's share of the engine's load
+				rt.NoteLoad(string(rid), l.Running/n, l.Waiting/n, l.Scraped)
+			}
 		}
 	})
 	probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)

@@ -207,7 +207,15 @@ type Endpoint struct {
 	MaxInflightRequests int64 `yaml:"max_inflight_requests"`
 	// MaxInflightTokens caps prompt+output tokens leased on it (0: unlimited).
 	MaxInflightTokens int64 `yaml:"max_inflight_tokens"`
+	// DataParallelSize is the engine's data-parallel ranks (vLLM --data-parallel-size; 1..64, default 1).
+	// With N ≥ 2 each rank is a routing candidate of its own, "<id>/dp<r>": its own prefix match (its KV
+	// events come from kv_events' and kv_replay's TCP port + r), its own lease and a 1/N share of the
+	// endpoint's limits and scraped load; the request carries X-data-parallel-rank: <r>.
+	DataParallelSize int `yaml:"data_parallel_size"`
 }
+
+// Ranks returns the endpoint's data-parallel size (1 when unset).
+func (e Endpoint) Ranks() int { return max(e.DataParallelSize, 1) }
 
 // Simulate starts simulated engines in-process; their endpoints are added to every model that lists none.
 type Simulate struct {
@@ -353,6 +361,11 @@ func (c *Config) applyDefaults() {
 		if m.Policy.Name == "" {
 			m.Policy.Name = DefaultPolicyName
 		}
+		for j := range m.Endpoints {
+			if m.Endpoints[j].DataParallelSize == 0 {
+				m.Endpoints[j].DataParallelSize = 1
+			}
+		}
 	}
 }
 
@@ -485,6 +498,15 @@ func (c *Config) Validate() error {
 			}
 			if e.MaxInflightTokens < 0 {
 				bad(q+".max_inflight_tokens", "must not be negative")
+			}
+			if e.DataParallelSize < 0 || e.DataParallelSize > 64 {
+				// 0 is unset (a Config built by a program): one rank, as 1.
+				bad(q+".data_parallel_size", "want 1..64, got %d", e.DataParallelSize)
+			} else if e.DataParallelSize > 1 && e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") {
+				bad(q+".kv_events", "data-parallel ranks publish on port + rank: want tcp://host:port, got %q", e.KVEvents)
+			}
+			if strings.Contains(e.ID, "/dp") {
+				bad(q+".id", "%q must not contain \"/dp\" (data-parallel ranks are named <id>/dp<r>)", e.ID)
 			}
 		}
 	}

@@ -29,6 +29,13 @@ func TestParseDefaults(t *testing.T) {
 	if m.BlockSize != 16 || m.QueueTimeout != 5*time.Second || m.Policy.Name != "three-tier" {
 		t.Fatalf("model defaults: %+v", m)
 	}
+	if e := m.Endpoints[0]; e.DataParallelSize != 1 || e.Ranks() != 1 {
+		t.Fatalf("endpoint data_parallel_size default: %+v", e)
+	}
+	c2, err := Parse([]byte(strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 4}", 1)))
+	if err != nil || c2.Models[0].Endpoints[0].Ranks() != 4 {
+		t.Fatalf("data_parallel_size 4: %v %+v", err, c2)
+	}
 	if got := string(m.Policy.ConfigJSON()); got != "{}" {
 		t.Fatalf("empty policy config JSON = %s", got)
 	}
@@ -60,6 +67,10 @@ func TestValidationNamesKeyPath(t *testing.T) {
 		{"block size", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    block_size: -3", 1), "models[0].block_size"},
 		{"max prompt tokens", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    max_prompt_tokens: -1", 1), "models[0].max_prompt_tokens"},
 		{"lease", "lease_ttl: 10ms\n" + minimal, "lease_ttl"},
+		{"data parallel size", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: -1}", 1), "models[0].endpoints[0].data_parallel_size"},
+		{"data parallel size max", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 65}", 1), "models[0].endpoints[0].data_parallel_size"},
+		{"data parallel ipc", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 2, kv_events: \"ipc:///tmp/x\"}", 1), "models[0].endpoints[0].kv_events"},
+		{"rank-like id", strings.Replace(minimal, "id: e0", "id: e0/dp1", 1), "models[0].endpoints[0].id"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -374,7 +374,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
-			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, hdr, dropAuth)
+			resp, err = s.o.Upstream.Post(ctx, cand.URL, api.Path(), out, upstream.WithRank(hdr, cand.DataParallelRank()), dropAuth)
 			if err == nil {
 				break
 			}
@@ -386,7 +386,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			}
 			log.Warn("upstream failed before responding; trying the next ranked endpoint",
 				slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
-			s.o.Endpoints.MarkDown(cand.ID, err.Error())
+			s.o.Endpoints.MarkDown(cand.EngineID(), err.Error())
 			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
 			exclude[claim.Index] = true
 			if len(exclude) >= len(plan.Candidates) {
