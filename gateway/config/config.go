@@ -126,6 +126,11 @@ type Config struct {
 	// used are evicted (CLOCK, per shard). 0 = kvstore.DefaultMaxKeys (16 Mi, about 1.4 GB). The Redis
 	// index is bounded by Redis's own maxmemory (kvstore/RATIONALE.md).
 	IndexMaxEntries int `yaml:"index_max_entries"`
+	// IndexMaxEntriesPerEndpoint bounds one endpoint's entries per model (0: no bound of its own), in
+	// either index: in memory its least recently used entries go (CLOCK per endpoint); on Redis an Add past
+	// it drops random ones of the endpoint's confirmed blocks (Redis 7.0 has no per-field expiry; see
+	// kvstore/RATIONALE.md). A data-parallel rank is an endpoint of its own here.
+	IndexMaxEntriesPerEndpoint int `yaml:"index_max_entries_per_endpoint"`
 
 	// Models are the served models (at least one).
 	Models []Model `yaml:"models"`
@@ -410,6 +415,9 @@ func (c *Config) Validate() error {
 		if d < 0 {
 			bad(key, "must be positive, got %v", d)
 		}
+	}
+	if c.IndexMaxEntriesPerEndpoint < 0 {
+		bad("index_max_entries_per_endpoint", "must not be negative, got %d", c.IndexMaxEntriesPerEndpoint)
 	}
 	if c.IndexMaxEntries < 0 {
 		bad("index_max_entries", "must not be negative, got %d", c.IndexMaxEntries)
