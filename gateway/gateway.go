@@ -100,7 +100,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
 		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true,
-		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexMaxEntriesPerEndpoint})
+		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
 	}

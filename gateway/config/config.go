@@ -219,6 +219,33 @@ type Endpoint struct {
 	DataParallelSize int `yaml:"data_parallel_size"`
 }
 
+// IndexPerEndpointCap returns the per-endpoint index bound the store gets: index_max_entries_per_endpoint
+// when set; else, on Redis, index_max_entries (DefaultMaxKeys when 0) shared evenly by every endpoint and
+// data-parallel rank of every model (at least 1), so the Redis index's confirmed entries stay within
+// index_max_entries as the memory index's do; else 0 (memory: the global bound suffices).
+func (c *Config) IndexPerEndpointCap() int {
+	if c.IndexMaxEntriesPerEndpoint > 0 || c.Store.Kind != StoreRedis {
+		return c.IndexMaxEntriesPerEndpoint
+	}
+	total := c.IndexMaxEntries
+	if total <= 0 {
+		total = kvstoreDefaultMaxKeys
+	}
+	n := 0
+	for _, m := range c.Models {
+		for _, e := range m.Endpoints {
+			n += e.Ranks()
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return max(total/n, 1)
+}
+
+// kvstoreDefaultMaxKeys is kvstore.DefaultMaxKeys (config does not import kvstore).
+const kvstoreDefaultMaxKeys = 16 << 20
+
 // Ranks returns the endpoint's data-parallel size (1 when unset).
 func (e Endpoint) Ranks() int { return max(e.DataParallelSize, 1) }
 

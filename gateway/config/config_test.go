@@ -132,3 +132,30 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The store's per-endpoint index bound: the key when set; on Redis without it, index_max_entries shared by
+// every endpoint and rank; memory without it: none (index_max_entries bounds the whole index).
+func TestIndexPerEndpointCap(t *testing.T) {
+	two := strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 3}\n      - {id: e1, engine: vllm, url: \"http://127.0.0.1:8002\"}", 1)
+	for _, tc := range []struct {
+		yaml string
+		want int
+	}{
+		{minimal, 0},
+		{"index_max_entries_per_endpoint: 5000\n" + minimal, 5000},
+		{"store: {kind: redis, addrs: [\"127.0.0.1:6379\"]}\nindex_max_entries: 4000\n" + two, 1000}, // 3 ranks + 1
+		{"store: {kind: redis, addrs: [\"127.0.0.1:6379\"]}\n" + two, 16 << 20 / 4},
+		{"store: {kind: redis, addrs: [\"127.0.0.1:6379\"]}\nindex_max_entries_per_endpoint: 7\n" + two, 7},
+	} {
+		c, err := Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.IndexPerEndpointCap(); got != tc.want {
+			t.Fatalf("%s: cap %d, want %d", tc.yaml, got, tc.want)
+		}
+	}
+	if _, err := Parse([]byte("index_max_entries_per_endpoint: -1\n" + minimal)); err == nil || !strings.Contains(err.Error(), "index_max_entries_per_endpoint:") {
+		t.Fatalf("negative cap: %v", err)
+	}
+}
