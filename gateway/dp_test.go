@@ -3,6 +3,9 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,5 +110,19 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 	}
 	if rk := e.RankStats(); rk[1].GPUCachedBlocks < 45 || rk[0].GPUCachedBlocks > 5 {
 		t.Fatalf("engine rank caches %+v: P should be on rank 1 only", rk)
+	}
+	// Each rank's ingestion is reported under its own ID (readiness and metrics).
+	ing, _ := ingesterOf(gws, "e0/dp1")
+	if ing == nil {
+		t.Fatal("no gateway reports rank e0/dp1's ingestion")
+	}
+	resp, err := http.Get("http://" + ing.Addr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(rb), `"e0/dp0"`) || !strings.Contains(string(rb), `"e0/dp1"`) {
+		t.Fatalf("/readyz does not show the ranks' ingestion: %s", rb)
 	}
 }

@@ -321,13 +321,16 @@ func (g *Gateway) Reservations() kvstore.Reservations { return g.res }
 // Index returns the KV index.
 func (g *Gateway) Index() kvstore.Index { return g.index }
 
-// IngestStats returns every ingester's stats.
+// IngestStats returns every ingester's stats, sorted by endpoint; a data-parallel endpoint's ranks follow
+// it as endpoints "<id>/dp<r>" (their sequences, gaps, replays and resyncs; the endpoint's own entry
+// counts its connection and frames).
 func (g *Gateway) IngestStats() []kvevents.Stats {
 	g.ingMu.Lock()
 	defer g.ingMu.Unlock()
 	out := make([]kvevents.Stats, 0, len(g.ingesters))
 	for _, in := range g.ingesters {
 		out = append(out, in.Stats())
+		out = append(out, in.RankStats()...)
 	}
 	slices.SortFunc(out, func(a, b kvevents.Stats) int { return strings.Compare(string(a.Endpoint), string(b.Endpoint)) })
 	return out
