@@ -388,7 +388,11 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
 			s.o.Endpoints.MarkDown(cand.EngineID(), err.Error())
 			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
-			exclude[claim.Index] = true
+			for i, c := range plan.Candidates { // every data-parallel rank of that engine
+				if c.EngineID() == cand.EngineID() {
+					exclude[i] = true
+				}
+			}
 			if len(exclude) >= len(plan.Candidates) {
 				// The details (engine URLs, socket errors) are in the log above, not for the client.
 				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint serving `%s` failed before responding.", req.Model)))
