@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +125,38 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(rb), `"e0/dp0"`) || !strings.Contains(string(rb), `"e0/dp1"`) {
 		t.Fatalf("/readyz does not show the ranks' ingestion: %s", rb)
+	}
+}
+
+// A data-parallel engine that fails before responding is left out of the retry as a whole: the request is
+// retried on the next engine, not on the failed engine's other rank (one API server fronts all ranks). The
+// forwarded request names its rank.
+func TestRetrySkipsOtherRanks(t *testing.T) {
+	var mu sync.Mutex
+	ranks := map[string]bool{}
+	flaky := newFakeEngine(t, 0, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		mu.Lock()
+		ranks[r.Header.Get("X-data-parallel-rank")] = true
+		mu.Unlock()
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	})
+	good := newFakeEngine(t, 5, okCompletion)
+	eps := fmt.Sprintf("      - {id: flaky, engine: vllm, url: %q, data_parallel_size: 2}\n      - {id: good, engine: vllm, url: %q}\n", flaky.srv.URL, good.srv.URL)
+	g := startGateway(t, gwYAML(eps, ""))
+	st, h, b := post(t, "http://"+g.Addr()+"/v1/chat/completions", `{"model":"qwen3","messages":[{"role":"user","content":"hi"}]}`)
+	if st != 200 || h.Get("x-kvgate-endpoint") != "good" {
+		t.Fatalf("%d %s %v", st, b, h)
+	}
+	// (The upstream client may resend once on a fresh connection when a reused keep-alive one dies: same rank.)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ranks) != 1 || !(ranks["0"] || ranks["1"]) {
+		t.Fatalf("the failed engine saw X-data-parallel-rank %v, want one rank (its other rank must not be tried)", ranks)
+	}
+	good.mu.Lock()
+	defer good.mu.Unlock()
+	if len(good.bodies) != 1 {
+		t.Fatalf("good got %d requests", len(good.bodies))
 	}
 }
