@@ -113,7 +113,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
 		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true,
-		MaxKeys: cfg.IndexMaxEntries})
+		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
 	}
@@ -185,6 +185,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.upHTTP = up.HTTP()
 	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
+	ranks := map[string]int{} // endpoint ID -> data-parallel size
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
 		enc, err := o.LoadEncoder(m.Tokenizer)
@@ -195,10 +196,12 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
 			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
-			rm.Endpoints = append(rm.Endpoints, route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
+			rm.Endpoints = append(rm.Endpoints, route.Ranked(route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
 				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens},
-				Events: e.KVEvents != ""})
-			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL})
+				Events: e.KVEvents != ""}, e.Ranks())...)
+			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL,
+				DataParallelSize: e.Ranks()})
+			ranks[e.ID] = e.Ranks()
 		}
 		var ids []string
 		for _, e := range m.Endpoints {
@@ -221,7 +224,10 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			g.noteStartTime(id, l.StartTime)
 		}
 		if rt := routerRef.Load(); rt != nil {
-			rt.NoteLoad(id, l.Running, l.Waiting, l.Scraped)
+			n := float64(ranks[id])
+			for _, rid := range route.RankIDs(id, ranks[id]) { // each rank's share of the engine's load
+				rt.NoteLoad(string(rid), l.Running/n, l.Waiting/n, l.Scraped)
+			}
 		}
 	})
 	probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)
@@ -372,13 +378,16 @@ func (g *Gateway) TPU() *tpu.Allocator { return g.tpu }
 // Index returns the KV index.
 func (g *Gateway) Index() kvstore.Index { return g.index }
 
-// IngestStats returns every ingester's stats.
+// IngestStats returns every ingester's stats, sorted by endpoint; a data-parallel endpoint's ranks follow
+// it as endpoints "<id>/dp<r>" (their sequences, gaps, replays and resyncs; the endpoint's own entry
+// counts its connection and frames).
 func (g *Gateway) IngestStats() []kvevents.Stats {
 	g.ingMu.Lock()
 	defer g.ingMu.Unlock()
 	out := make([]kvevents.Stats, 0, len(g.ingesters))
 	for _, in := range g.ingesters {
 		out = append(out, in.Stats())
+		out = append(out, in.RankStats()...)
 	}
 	slices.SortFunc(out, func(a, b kvevents.Stats) int { return strings.Compare(string(a.Endpoint), string(b.Endpoint)) })
 	return out

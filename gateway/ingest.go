@@ -32,7 +32,8 @@ func (g *Gateway) ingesterConfig(m config.Model, e config.Endpoint) kvevents.Ing
 	return kvevents.IngesterConfig{Endpoint: kvstore.EndpointID(e.ID), Model: m.Name, EventsAddr: e.KVEvents,
 		ReplayAddr: e.KVReplay, BlockSize: m.BlockSize, Hasher: kvstore.Hasher{Seed: g.cfg.BlockKeySeed},
 		Index: g.index, Logger: g.log, UnconfirmedTTL: g.cfg.IndexUnconfirmedTTL, ReplayTimeout: g.cfg.IndexReplayTimeout,
-		ReplayTimeoutPerBatch: g.cfg.IndexReplayTimeoutPerBatch, Instance: g.engineInstance(e.ID)}
+		ReplayTimeoutPerBatch: g.cfg.IndexReplayTimeoutPerBatch, Instance: g.engineInstance(e.ID),
+		DataParallelSize: e.Ranks()}
 }
 
 // engineInstance returns endpoint id's instance identity for kvevents.IngesterConfig.Instance: its

@@ -78,6 +78,8 @@ func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) 
 			s := scriptIndexAdd
 			if u.Remove {
 				s = scriptIndexRemove
+			} else {
+				args = append(args, r.epCap)
 			}
 			s.EvalSha(ctx, p, names, args...)
 			n++

@@ -444,7 +444,7 @@ func BenchmarkRedisIngest(b *testing.B) {
 	f := getFixture()
 	for b.Loop() {
 		srv := redistest.Start(b)
-		idx, _ := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{Prefix: "ingest"})
+		idx, _ := kvstore.NewRedisIndex(srv.Client(b), kvstore.RedisConfig{Prefix: "ingest", MaxEntriesPerEndpoint: *ingestCap})
 		c := srv.Client(b)
 		cpu0 := redisCPU(b, c)
 		t0 := time.Now()
@@ -606,11 +606,13 @@ func BenchmarkMemoryRecord(b *testing.B) {
 var (
 	floodCap   = flag.Int("flood-cap", 1<<20, "BenchmarkMemoryFloodUnderCap: MemoryConfig.MaxKeys (index_max_entries)")
 	floodTotal = flag.Int("flood-blocks", 8<<20, "BenchmarkMemoryFloodUnderCap: distinct blocks flooded")
+	floodPerEp = flag.Int("flood-per-endpoint", 0, "BenchmarkMemoryFloodUnderCap: MemoryConfig.MaxKeysPerEndpoint (index_max_entries_per_endpoint)")
+	ingestCap  = flag.Int("ingest-cap", 0, "BenchmarkRedisIngest: RedisConfig.MaxEntriesPerEndpoint (index_max_entries_per_endpoint)")
 )
 
 // BenchmarkMemoryFloodUnderCap (#11 item 6): 8 M distinct blocks flooded into a memory index bounded by
 // -flood-cap (default 1 Mi entries) from 4 endpoints, 16-block events; reports the live heap after GC (MB)
-// and the entries kept. Run with -benchtime 1x.
+// and the entries kept. -flood-per-endpoint adds the per-endpoint cap. Run with -benchtime 1x.
 func BenchmarkMemoryFloodUnderCap(b *testing.B) {
 	ctx := context.Background()
 	total := *floodTotal
@@ -618,7 +620,7 @@ func BenchmarkMemoryFloodUnderCap(b *testing.B) {
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: *floodCap})
+		idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{MaxKeys: *floodCap, MaxKeysPerEndpoint: *floodPerEp})
 		ev := make([]kvstore.BlockKey, 16)
 		for i := 0; i < total; i += 16 {
 			for j := range ev {

@@ -26,6 +26,10 @@ type MemoryConfig struct {
 	// entries (CLOCK approximation, per shard) are evicted. 0 means DefaultMaxKeys. The bound is enforced
 	// per shard (MaxKeys/Shards each, rounded up), so eviction may start slightly below MaxKeys.
 	MaxKeys int
+	// MaxKeysPerEndpoint bounds the entries one (model, endpoint) holds (0: no bound of its own); beyond it
+	// that endpoint's least recently used entries go (a CLOCK over its own entries: a Match hit or a new
+	// entry gives one a second chance). Enforced per shard (MaxKeysPerEndpoint/Shards each, rounded up).
+	MaxKeysPerEndpoint int
 	// Shards is the number of lock shards, rounded up to a power of two; 0 means 8. Match read-locks all of
 	// them, writers one at a time.
 	Shards int
@@ -62,6 +66,7 @@ type specItem struct {
 type revList struct {
 	keys []uint64 // internal keys this holder was added to (may hold stale or duplicate entries)
 	live int      // entries that currently hold the holder
+	hand int      // the holder's CLOCK hand over keys (MaxKeysPerEndpoint)
 }
 
 // memShard is a linear-probing hash table of memSlots keyed by the (already well mixed) internal key.
@@ -71,6 +76,7 @@ type memShard struct {
 	mask  uint64
 	count int
 	limit int
+	epLim int // entries one holder may have in this shard (0: no bound)
 	hand  int
 	over  map[uint64][]uint32 // holders beyond the inline ones, by internal key
 	rev   []*revList          // by holder ID; nil = none
@@ -133,6 +139,9 @@ func NewMemoryIndex(cfg MemoryConfig) *MemoryIndex {
 		s.mask = 63
 		s.over = map[uint64][]uint32{}
 		s.limit = per
+		if cfg.MaxKeysPerEndpoint > 0 {
+			s.epLim = (cfg.MaxKeysPerEndpoint + n - 1) / n
+		}
 	}
 	return m
 }
@@ -639,6 +648,48 @@ func (s *memShard) set(ik uint64, hid uint16, b uint32) {
 	}
 	sl.n++
 	s.revAdd(hid, ik)
+	if s.epLim > 0 {
+		if rl := s.rev[hid]; rl.live > s.epLim {
+			s.evictHolder(hid, rl, ik)
+		}
+	}
+}
+
+// evictHolder drops one of hid's entries in the shard, never keep (the entry just set): the first its CLOCK
+// hand finds whose reference bit is clear, clearing the bits it passes (at most two passes over its list).
+// Caller holds the write lock.
+func (s *memShard) evictHolder(hid uint16, rl *revList, keep uint64) {
+	for range 2*len(rl.keys) + 1 {
+		if rl.hand >= len(rl.keys) {
+			rl.hand = 0
+		}
+		ik := rl.keys[rl.hand]
+		rl.hand++
+		if ik == keep {
+			continue
+		}
+		p := s.find(ik)
+		if p < 0 {
+			continue
+		}
+		sl := &s.table[p]
+		held := false
+		for j := range int(sl.n) {
+			if uint16(s.holderAt(sl, j)>>8) == hid {
+				held = true
+				break
+			}
+		}
+		if !held {
+			continue
+		}
+		if sl.ref != 0 {
+			sl.ref = 0
+			continue
+		}
+		s.clearBits(p, hid, bitMask)
+		return
+	}
 }
 
 // clearBits clears bits b of hid's holder in the slot at position p; a holder left with no bits is
@@ -838,6 +889,7 @@ func (s *memShard) compact(hid uint16, rl *revList) {
 		}
 	}
 	rl.keys = slices.Clip(out)
+	rl.hand = 0
 	if cap(rl.keys) > 2*len(rl.keys)+64 {
 		rl.keys = slices.Clone(rl.keys)
 	}

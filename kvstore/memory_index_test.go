@@ -198,3 +198,55 @@ func TestMemoryIndexStress(t *testing.T) {
 		t.Fatalf("stress too light: %d hits, %d keys", hits, idx.Len())
 	}
 }
+
+func TestMemoryIndexEndpointCapConformance(t *testing.T) {
+	conformance.RunEndpointCap(t, func(t *testing.T, perEndpoint int) kvstore.Index {
+		return kvstore.NewMemoryIndex(kvstore.MemoryConfig{Shards: 4, MaxKeysPerEndpoint: perEndpoint})
+	})
+}
+
+// Within the per-endpoint cap the memory index evicts the endpoint's least recently used entries: a block
+// matched after every Add survives a 1,000-block flood of its endpoint, one never matched again does not,
+// and the other endpoints' entries and the global count are untouched.
+func TestMemoryIndexEndpointCapLRU(t *testing.T) {
+	ctx := context.Background()
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{Shards: 1, MaxKeysPerEndpoint: 64})
+	ks := kvstore.Hasher{Seed: 9}.Keys(make([]uint32, 4*1002), 4, kvstore.ExtraKeys{})
+	// CLOCK, not exact LRU: on the first eviction every entry is still referenced (new entries start so), the
+	// hand clears them all and evicts where it started. Fill past the cap first so hot and cold enter a
+	// running clock.
+	hot, cold, flood := ks[0], ks[1], ks[2:]
+	if err := idx.Add(ctx, "m", "e0", kvstore.TierGPU, flood[:70]); err != nil {
+		t.Fatal(err)
+	}
+	flood = flood[70:]
+	for _, k := range []kvstore.BlockKey{hot, cold} {
+		if err := idx.Add(ctx, "m", "e0", kvstore.TierGPU, []kvstore.BlockKey{k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	has := func(k kvstore.BlockKey) bool {
+		ms, err := idx.Match(ctx, "m", []kvstore.BlockKey{k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ms) == 1 && ms[0].GPUBlocks == 1
+	}
+	for _, k := range flood {
+		if err := idx.Add(ctx, "m", "e0", kvstore.TierGPU, []kvstore.BlockKey{k}); err != nil {
+			t.Fatal(err)
+		}
+		if !has(hot) {
+			t.Fatal("the hot block was evicted although it was matched after every Add")
+		}
+	}
+	if has(cold) {
+		t.Fatal("the cold block survived 930 Adds under a cap of 64")
+	}
+	if n := idx.Len(); n != 64 {
+		t.Fatalf("index holds %d entries, want the cap (64)", n)
+	}
+	if !has(flood[len(flood)-1]) {
+		t.Fatal("the newest block was evicted")
+	}
+}

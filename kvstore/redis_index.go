@@ -24,6 +24,10 @@ type RedisConfig struct {
 	// Prefix starts every key name, before the layout version: "<Prefix>:v1:...". It must not contain '{'
 	// or '}'. Empty means DefaultRedisPrefix.
 	Prefix string
+	// MaxEntriesPerEndpoint bounds the blocks one (model, endpoint) holds on a tier (its reverse SET);
+	// an Add past it drops random ones of the endpoint's blocks (SPOP) down to the bound, in the same script.
+	// Speculative and unconfirmed holds are bounded by their TTLs instead. 0: no bound.
+	MaxEntriesPerEndpoint int
 }
 
 func (c RedisConfig) base() (string, error) {
@@ -82,6 +86,7 @@ type RedisIndex struct {
 	// single is set for a client of one server (not *redis.ClusterClient or *redis.Ring): Match then
 	// pipelines MGET and TIME instead of running a script.
 	single bool
+	epCap  int // RedisConfig.MaxEntriesPerEndpoint
 }
 
 var _ Index = (*RedisIndex)(nil)
@@ -98,7 +103,7 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 	case *redis.ClusterClient, *redis.Ring:
 		single = false
 	}
-	return &RedisIndex{c: client, base: base, single: single}, nil
+	return &RedisIndex{c: client, base: base, single: single, epCap: max(cfg.MaxEntriesPerEndpoint, 0)}, nil
 }
 
 // modelPrefix returns "<base>{<model>}:".
@@ -286,6 +291,7 @@ func (r *RedisIndex) Add(ctx context.Context, model string, ep EndpointID, tier 
 		return nil
 	}
 	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
+	args = append(args, r.epCap)
 	if err := scriptIndexAdd.Run(ctx, r.c, names, args...).Err(); err != nil {
 		return fmt.Errorf("kvstore: redis add: %w", err)
 	}

@@ -126,3 +126,23 @@ func TestApplyMatchesOneByOne(t *testing.T) {
 		t.Fatalf("bad tier: %v", err)
 	}
 }
+
+// The Redis index's per-endpoint bound (RedisConfig.MaxEntriesPerEndpoint) on a real redis-server, and
+// that it leaves the reverse SET at the bound (the script pops what it drops).
+func TestRedisIndexEndpointCapConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	conformance.RunEndpointCap(t, func(t *testing.T, perEndpoint int) kvstore.Index {
+		p := freshPrefix()
+		idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: p, MaxEntriesPerEndpoint: perEndpoint})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if n := c.SCard(context.Background(), p+":"+kvstore.LayoutVersion+":{m}:e:small").Val(); n != 10 {
+				t.Errorf("small endpoint's reverse SET has %d members, want 10", n)
+			}
+		})
+		return idx
+	})
+}

@@ -24,6 +24,9 @@ type StoreConfig struct {
 	Prefix string
 	// MaxKeys bounds the memory index (MemoryConfig.MaxKeys).
 	MaxKeys int
+	// MaxKeysPerEndpoint bounds one endpoint's entries in either index (MemoryConfig.MaxKeysPerEndpoint,
+	// RedisConfig.MaxEntriesPerEndpoint); 0: no bound.
+	MaxKeysPerEndpoint int
 	// Now is the memory backends' clock (nil means time.Now).
 	Now func() time.Time
 	// AllowUnreachable makes OpenStore return a Redis store even when the first ping fails (Store.StartErr
@@ -62,7 +65,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 		mb := NewMemoryBlobs(cfg.Now)
 		return &Store{
 			Kind:         "memory",
-			Index:        NewMemoryIndex(MemoryConfig{MaxKeys: cfg.MaxKeys, Now: cfg.Now}),
+			Index:        NewMemoryIndex(MemoryConfig{MaxKeys: cfg.MaxKeys, MaxKeysPerEndpoint: cfg.MaxKeysPerEndpoint, Now: cfg.Now}),
 			Reservations: NewMemoryReservations(cfg.Now),
 			Blobs:        mb,
 			Leases:       mb,
@@ -87,7 +90,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 			ContextTimeoutEnabled: true})
 	}
 	rc := RedisConfig{Prefix: cfg.Prefix}
-	idx, err1 := NewRedisIndex(c, rc)
+	idx, err1 := NewRedisIndex(c, RedisConfig{Prefix: cfg.Prefix, MaxEntriesPerEndpoint: cfg.MaxKeysPerEndpoint})
 	res, err2 := NewRedisReservations(c, rc)
 	bl, err3 := NewRedisBlobs(c, rc)
 	if err := errors.Join(err1, err2, err3); err != nil {

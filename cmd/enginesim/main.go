@@ -77,6 +77,7 @@ func parseFlags(args []string, getenv func(string) string) (sim.Config, error) {
 	fs.StringVar(&cfg.API, "api", sim.APIVLLM, "engine dialect: vllm (chat takes kv_transfer_params.prompt_token_ids or prompt_token_ids; POST /tokenize) or sglang (chat takes input_ids; POST /v1/tokenize)")
 	fs.DurationVar(&cfg.RenderTokenizePerToken, "render-tokenize-per-token", 0, "time per prompt token the engine spends on chat-template render + tokenize when it tokenizes a prompt itself (x --time-scale; 0 = only the simulator's own tokenizer)")
 	fs.BoolVar(&cfg.Faults.TemplateDrift, "fault-template-drift", false, "fault: render chat prompts with a changed template (generation and /tokenize) until disarmed")
+	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", 1, "(vLLM) data-parallel ranks, each with its own scheduler, KV cache and KV-event publisher (event and replay ports + rank); X-data-parallel-rank picks a request's rank")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

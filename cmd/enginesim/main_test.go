@@ -47,11 +47,19 @@ func TestParseFlagsVariants(t *testing.T) {
 		cfg.NumCPUBlocks != 64 || cfg.TimeScale != 0.01 || cfg.HashSeed != "42" || time.Duration(cfg.Faults.StallBeforeHeaders) != 2*time.Second {
 		t.Fatalf("config %+v", cfg)
 	}
+	if dp, err := parseFlags([]string{"m", "--data-parallel-size", "4"}, noEnv); err != nil || dp.DataParallelSize != 4 {
+		t.Fatalf("--data-parallel-size 4: %v %d", err, dp.DataParallelSize)
+	}
+	if cfg.DataParallelSize != 1 {
+		t.Fatalf("default data-parallel size %d, want 1", cfg.DataParallelSize)
+	}
 	for _, bad := range [][]string{
 		{"--model", "m", "--prefix-caching-hash-algo", "sha256"},
 		{"--model", "m", "--kv-events-config", `{"enable_kv_cache_events":true,"bogus":1}`},
 		{"--model", "m", "--kv-offload-events", "maybe"},
 		{"--model", "m", "--block-size", "0"},
+		{"--model", "m", "--data-parallel-size", "-1"},
+		{"--model", "m", "--data-parallel-size", "65"},
 		{},
 		{"a", "b"},
 	} {

@@ -155,6 +155,11 @@ type Config struct {
 	// used are evicted (CLOCK, per shard). 0 = kvstore.DefaultMaxKeys (16 Mi, about 1.4 GB). The Redis
 	// index is bounded by Redis's own maxmemory (kvstore/RATIONALE.md).
 	IndexMaxEntries int `yaml:"index_max_entries"`
+	// IndexMaxEntriesPerEndpoint bounds one endpoint's entries per model (0: no bound of its own), in
+	// either index: in memory its least recently used entries go (CLOCK per endpoint); on Redis an Add past
+	// it drops random ones of the endpoint's confirmed blocks (Redis 7.0 has no per-field expiry; see
+	// kvstore/RATIONALE.md). A data-parallel rank is an endpoint of its own here.
+	IndexMaxEntriesPerEndpoint int `yaml:"index_max_entries_per_endpoint"`
 
 	// Models are the served models (at least one).
 	Models []Model `yaml:"models"`
@@ -255,7 +260,42 @@ type Endpoint struct {
 	// ChatTokenIDs is where chat token IDs go: kv_transfer_params (vLLM #48145; default for vllm),
 	// prompt_token_ids (vLLM #55771; default for enginesim), input_ids (SGLang; default for sglang) or off.
 	ChatTokenIDs string `yaml:"chat_token_ids"`
+	// DataParallelSize is the engine's data-parallel ranks (vLLM --data-parallel-size; 1..64, default 1).
+	// With N ≥ 2 each rank is a routing candidate of its own, "<id>/dp<r>": its own prefix match (its KV
+	// events come from kv_events' and kv_replay's TCP port + r), its own lease and a 1/N share of the
+	// endpoint's limits and scraped load; the request carries X-data-parallel-rank: <r>.
+	DataParallelSize int `yaml:"data_parallel_size"`
 }
+
+// IndexPerEndpointCap returns the per-endpoint index bound the store gets: index_max_entries_per_endpoint
+// when set; else, on Redis, index_max_entries (DefaultMaxKeys when 0) shared evenly by every endpoint and
+// data-parallel rank of every model (at least 1), so the Redis index's confirmed entries stay within
+// index_max_entries as the memory index's do; else 0 (memory: the global bound suffices).
+func (c *Config) IndexPerEndpointCap() int {
+	if c.IndexMaxEntriesPerEndpoint > 0 || c.Store.Kind != StoreRedis {
+		return c.IndexMaxEntriesPerEndpoint
+	}
+	total := c.IndexMaxEntries
+	if total <= 0 {
+		total = kvstoreDefaultMaxKeys
+	}
+	n := 0
+	for _, m := range c.Models {
+		for _, e := range m.Endpoints {
+			n += e.Ranks()
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return max(total/n, 1)
+}
+
+// kvstoreDefaultMaxKeys is kvstore.DefaultMaxKeys (config does not import kvstore).
+const kvstoreDefaultMaxKeys = 16 << 20
+
+// Ranks returns the endpoint's data-parallel size (1 when unset).
+func (e Endpoint) Ranks() int { return max(e.DataParallelSize, 1) }
 
 // Simulate starts simulated engines in-process; their endpoints are added to every model that lists none.
 type Simulate struct {
@@ -417,8 +457,12 @@ func (c *Config) applyDefaults() {
 			m.Policy.Name = DefaultPolicyName
 		}
 		for j := range m.Endpoints {
-			if e := &m.Endpoints[j]; e.ChatTokenIDs == "" {
+			e := &m.Endpoints[j]
+			if e.ChatTokenIDs == "" {
 				e.ChatTokenIDs = DefaultChatTokenIDs[e.Engine]
+			}
+			if e.DataParallelSize == 0 {
+				e.DataParallelSize = 1
 			}
 		}
 	}
@@ -465,6 +509,9 @@ func (c *Config) Validate() error {
 		if d < 0 {
 			bad(key, "must be positive, got %v", d)
 		}
+	}
+	if c.IndexMaxEntriesPerEndpoint < 0 {
+		bad("index_max_entries_per_endpoint", "must not be negative, got %d", c.IndexMaxEntriesPerEndpoint)
 	}
 	if c.IndexMaxEntries < 0 {
 		bad("index_max_entries", "must not be negative, got %d", c.IndexMaxEntries)
@@ -575,6 +622,15 @@ func (c *Config) Validate() error {
 			case "", ChatTokenIDsKVTransfer, ChatTokenIDsPromptTokenIDs, ChatTokenIDsInputIDs, ChatTokenIDsOff:
 			default:
 				bad(q+".chat_token_ids", "want kv_transfer_params, prompt_token_ids, input_ids or off, got %q", e.ChatTokenIDs)
+			}
+			if e.DataParallelSize < 0 || e.DataParallelSize > 64 {
+				// 0 is unset (a Config built by a program): one rank, as 1.
+				bad(q+".data_parallel_size", "want 1..64, got %d", e.DataParallelSize)
+			} else if e.DataParallelSize > 1 && e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") {
+				bad(q+".kv_events", "data-parallel ranks publish on port + rank: want tcp://host:port, got %q", e.KVEvents)
+			}
+			if strings.Contains(e.ID, "/dp") {
+				bad(q+".id", "%q must not contain \"/dp\" (data-parallel ranks are named <id>/dp<r>)", e.ID)
 			}
 		}
 	}

@@ -29,6 +29,13 @@ func TestParseDefaults(t *testing.T) {
 	if m.BlockSize != 16 || m.QueueTimeout != 5*time.Second || m.Policy.Name != "three-tier" {
 		t.Fatalf("model defaults: %+v", m)
 	}
+	if e := m.Endpoints[0]; e.DataParallelSize != 1 || e.Ranks() != 1 {
+		t.Fatalf("endpoint data_parallel_size default: %+v", e)
+	}
+	c2, err := Parse([]byte(strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 4}", 1)))
+	if err != nil || c2.Models[0].Endpoints[0].Ranks() != 4 {
+		t.Fatalf("data_parallel_size 4: %v %+v", err, c2)
+	}
 	if got := string(m.Policy.ConfigJSON()); got != "{}" {
 		t.Fatalf("empty policy config JSON = %s", got)
 	}
@@ -96,6 +103,10 @@ func TestValidationNamesKeyPath(t *testing.T) {
 		{"chat token ids", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, chat_token_ids: messages}", 1), "models[0].endpoints[0].chat_token_ids"},
 		{"verify every", "verify_token_ids_every: -1\n" + minimal, "verify_token_ids_every"},
 		{"sim kinds", "simulate: {engines: 2, engine_kinds: [vllm, tgi]}\n" + minimal, "simulate.engine_kinds[1]"},
+		{"data parallel size", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: -1}", 1), "models[0].endpoints[0].data_parallel_size"},
+		{"data parallel size max", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 65}", 1), "models[0].endpoints[0].data_parallel_size"},
+		{"data parallel ipc", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 2, kv_events: \"ipc:///tmp/x\"}", 1), "models[0].endpoints[0].kv_events"},
+		{"rank-like id", strings.Replace(minimal, "id: e0", "id: e0/dp1", 1), "models[0].endpoints[0].id"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -156,4 +167,31 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("valid config without models")
 		}
 	})
+}
+
+// The store's per-endpoint index bound: the key when set; on Redis without it, index_max_entries shared by
+// every endpoint and rank; memory without it: none (index_max_entries bounds the whole index).
+func TestIndexPerEndpointCap(t *testing.T) {
+	two := strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 3}\n      - {id: e1, engine: vllm, url: \"http://127.0.0.1:8002\"}", 1)
+	for _, tc := range []struct {
+		yaml string
+		want int
+	}{
+		{minimal, 0},
+		{"index_max_entries_per_endpoint: 5000\n" + minimal, 5000},
+		{"store: {kind: redis, addrs: [\"127.0.0.1:6379\"]}\nindex_max_entries: 4000\n" + two, 1000}, // 3 ranks + 1
+		{"store: {kind: redis, addrs: [\"127.0.0.1:6379\"]}\n" + two, 16 << 20 / 4},
+		{"store: {kind: redis, addrs: [\"127.0.0.1:6379\"]}\nindex_max_entries_per_endpoint: 7\n" + two, 7},
+	} {
+		c, err := Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.IndexPerEndpointCap(); got != tc.want {
+			t.Fatalf("%s: cap %d, want %d", tc.yaml, got, tc.want)
+		}
+	}
+	if _, err := Parse([]byte("index_max_entries_per_endpoint: -1\n" + minimal)); err == nil || !strings.Contains(err.Error(), "index_max_entries_per_endpoint:") {
+		t.Fatalf("negative cap: %v", err)
+	}
 }

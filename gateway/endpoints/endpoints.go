@@ -28,6 +28,8 @@ type Endpoint struct {
 	Model  string // served model name
 	Engine string // config.EngineSim, EngineVLLM or EngineSGLang
 	URL    string // engine base URL, e.g. "http://127.0.0.1:8001"
+	// DataParallelSize is the engine's data-parallel ranks (0 or 1: one); its metrics sum them.
+	DataParallelSize int
 }
 
 // Load is an endpoint's last observed state.

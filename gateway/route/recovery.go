@@ -218,9 +218,9 @@ func (r *Router) checkStore(ctx context.Context) {
 		return
 	}
 	all := r.o.Endpoints.Endpoints()
-	ids := make([]kvstore.EndpointID, len(all))
-	for i, e := range all {
-		ids[i] = kvstore.EndpointID(e.ID)
+	ids := make([]kvstore.EndpointID, 0, len(all))
+	for _, e := range all {
+		ids = append(ids, RankIDs(e.ID, e.DataParallelSize)...)
 	}
 	m, err := r.o.Reservations.InFlight(ctx, ids)
 	if err != nil {

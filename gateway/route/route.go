@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/metrics"
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
@@ -87,6 +88,63 @@ type Endpoint struct {
 	// Events says the endpoint's KV events feed the index (it has a kv_events address). Record then writes
 	// speculative entries only past the prefix the index already matched on it (see Record).
 	Events bool
+	// Base, Rank and Ranks describe a data-parallel rank (see Ranked): Base is the configured endpoint ID
+	// whose health and scraped load it shares ("" when the endpoint has one rank: ID itself), Rank its
+	// rank, Ranks the endpoint's data-parallel size.
+	Base        string
+	Rank, Ranks int
+}
+
+// EngineID returns the configured endpoint ID (the engine's health, load and metrics): Base for a rank.
+func (e Endpoint) EngineID() string {
+	if e.Base != "" {
+		return e.Base
+	}
+	return e.ID
+}
+
+// DataParallelRank returns the rank to send in X-data-parallel-rank, or -1 for an endpoint without ranks.
+func (e Endpoint) DataParallelRank() int {
+	if e.Base == "" {
+		return -1
+	}
+	return e.Rank
+}
+
+// Ranked returns the routing candidates of an endpoint with n data-parallel ranks: e itself when n ≤ 1,
+// else one per rank, ID "<id>/dp<r>" (kvevents.RankEndpoint: the rank's index entries), each with
+// 1/n of e's limits (rounded down, at least 1), so the ranks' caps sum to at most e's unless a limit is
+// below n.
+func Ranked(e Endpoint, n int) []Endpoint {
+	if n <= 1 {
+		return []Endpoint{e}
+	}
+	share := func(l int64) int64 {
+		if l <= 0 {
+			return l
+		}
+		return max(l/int64(n), 1)
+	}
+	out := make([]Endpoint, n)
+	for r := range out {
+		c := e
+		c.ID, c.Base, c.Rank, c.Ranks = string(kvevents.RankEndpoint(kvstore.EndpointID(e.ID), r)), e.ID, r, n
+		c.Limits = kvstore.Limits{MaxRequests: share(e.Limits.MaxRequests), MaxTokens: share(e.Limits.MaxTokens)}
+		out[r] = c
+	}
+	return out
+}
+
+// RankIDs returns the lease and index IDs of an endpoint with n data-parallel ranks (id itself when n ≤ 1).
+func RankIDs(id string, n int) []kvstore.EndpointID {
+	if n <= 1 {
+		return []kvstore.EndpointID{kvstore.EndpointID(id)}
+	}
+	out := make([]kvstore.EndpointID, n)
+	for r := range out {
+		out[r] = kvevents.RankEndpoint(kvstore.EndpointID(id), r)
+	}
+	return out
 }
 
 // Model is one served model as the router sees it.
@@ -351,9 +409,12 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	// candidates: healthy endpoints
 	ids := make([]kvstore.EndpointID, 0, len(m.Endpoints))
 	for _, e := range m.Endpoints {
-		ld := r.o.Endpoints.Load(e.ID)
+		ld := r.o.Endpoints.Load(e.EngineID())
 		if !ld.Healthy {
 			continue
+		}
+		if e.Ranks > 1 { // a rank's share of the engine's load (its metrics sum the ranks)
+			ld.Waiting, ld.Running = ld.Waiting/float64(e.Ranks), ld.Running/float64(e.Ranks)
 		}
 		p.Candidates = append(p.Candidates, Candidate{Endpoint: e, Load: ld})
 		ids = append(ids, kvstore.EndpointID(e.ID))

@@ -167,3 +167,51 @@ func BenchmarkPlanReserve(b *testing.B) {
 		r.Release(c)
 	}
 }
+
+// An endpoint with data-parallel ranks is one candidate per rank: each with its rank's index entries
+// ("<id>/dp<r>"), half the limits (two ranks), half the engine's scraped waiting, and the engine's health;
+// a rank that holds the prefix is ranked first and reserved under its own ID.
+func TestDataParallelRankCandidates(t *testing.T) {
+	eps := fakeEngines(t, 2) // e0 waiting 0, e1 waiting 1
+	eps[1].Limits = kvstore.Limits{MaxRequests: 5, MaxTokens: 1 << 20}
+	ranked := append([]Endpoint{eps[0]}, Ranked(eps[1], 2)...)
+	if len(ranked) != 3 || ranked[1].ID != "e1/dp0" || ranked[2].ID != "e1/dp1" || ranked[2].EngineID() != "e1" ||
+		ranked[2].DataParallelRank() != 1 || eps[0].DataParallelRank() != -1 || ranked[1].Limits.MaxRequests != 2 ||
+		ranked[1].Limits.MaxTokens != 1<<19 {
+		t.Fatalf("ranked %+v", ranked)
+	}
+	if got := Ranked(Endpoint{ID: "x", Limits: kvstore.Limits{MaxRequests: 1}}, 4); got[3].Limits.MaxRequests != 1 {
+		t.Fatalf("a limit below the rank count: %+v", got[3].Limits)
+	}
+	if ids := RankIDs("e1", 2); len(ids) != 2 || ids[1] != "e1/dp1" || RankIDs("e0", 1)[0] != "e0" {
+		t.Fatalf("rank IDs %v", ids)
+	}
+	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil), nil)
+	m.Endpoints = ranked
+	body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"hello there, this prompt is long enough to fill at least two blocks of sixteen tokens each for sure"}]}`)
+	req, _ := openai.ParseRequest(openai.Chat, body)
+	p, err := r.Plan(context.Background(), m, "", req, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.Add(context.Background(), "qwen3", "e1/dp1", kvstore.TierGPU, p.Keys); err != nil {
+		t.Fatal(err)
+	}
+	p, err = r.Plan(context.Background(), m, "", req, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Candidates) != 3 || p.Candidates[2].GPUBlocks != len(p.Keys) || p.Candidates[1].GPUBlocks != 0 ||
+		p.Candidates[1].Load.Waiting != 0.5 || !p.Candidates[1].Load.Healthy {
+		t.Fatalf("candidates %+v", p.Candidates)
+	}
+	c, err := r.Reserve(context.Background(), p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release(c)
+	if got := p.Candidates[c.Index]; got.ID != "e1/dp1" || got.DataParallelRank() != 1 {
+		t.Fatalf("reserved %+v", got)
+	}
+}

@@ -477,13 +477,13 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
-			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: hdr,
+			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: upstream.WithRank(hdr, cand.DataParallelRank()),
 				DropAuth: dropAuth, Stream: req.Stream})
 			if err == nil {
 				if resp.StatusCode >= 500 {
-					s.outlierFailure(sm.Model, cand.ID)
+					s.outlierFailure(sm.Model, cand.EngineID())
 				} else {
-					s.outlierSuccess(cand.ID)
+					s.outlierSuccess(cand.EngineID())
 				}
 				if !cfg.RetryOnStatus(resp.StatusCode) || !retry(claim.Index) {
 					break
@@ -507,7 +507,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			var ue *upstream.Error
 			errors.As(err, &ue)
 			started := ue == nil || ue.Started
-			s.outlierFailure(sm.Model, cand.ID)
+			s.outlierFailure(sm.Model, cand.EngineID())
 			if ue != nil && ue.Timeout != nil {
 				s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(cand.ID, timeoutKind(ue.Timeout)).Inc()
 			}
@@ -521,7 +521,12 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				return s.fail(c, req, cand.ID, openai.Upstream("The engine failed before responding."))
 			}
 			log.Warn("upstream failed before the request was sent", slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
-			s.o.Endpoints.MarkDown(cand.ID, err.Error())
+			s.o.Endpoints.MarkDown(cand.EngineID(), err.Error())
+			for i, c := range plan.Candidates { // the other data-parallel ranks of that engine are down too
+				if i != claim.Index && c.EngineID() == cand.EngineID() {
+					exclude[i] = true
+				}
+			}
 			if !cfg.RetryOnConnect() || !retry(claim.Index) {
 				// The details (engine URLs, socket errors) are in the log above, not for the client.
 				if ue != nil && ue.Timeout != nil {

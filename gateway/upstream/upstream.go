@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,24 @@ func Body(kind string, req *openai.Request, body []byte, ids []uint32) ([]byte, 
 		return openai.SpliceCompletionPrompt(body, ids)
 	}
 	return body, nil
+}
+
+// DataParallelRankHeader is the header vLLM's OpenAI server reads to serve a request on one
+// data-parallel rank.
+const DataParallelRankHeader = "X-data-parallel-rank"
+
+// WithRank returns hdr with X-data-parallel-rank set to rank (a copy; hdr is not modified), or hdr itself
+// when rank < 0 (an endpoint without data-parallel ranks).
+func WithRank(hdr http.Header, rank int) http.Header {
+	if rank < 0 {
+		return hdr
+	}
+	h := hdr.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set(DataParallelRankHeader, strconv.Itoa(rank))
+	return h
 }
 
 // Client posts to endpoints. Safe for concurrent use.

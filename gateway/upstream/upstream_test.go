@@ -167,3 +167,22 @@ func TestHeaderHygiene(t *testing.T) {
 		}
 	}
 }
+
+// WithRank sets X-data-parallel-rank on a copy (the client's headers are shared by retries to other
+// endpoints) and leaves headers alone for an endpoint without ranks.
+func TestWithRank(t *testing.T) {
+	hdr := http.Header{"X-Data-Parallel-Rank": {"7"}, "Authorization": {"Bearer k"}}
+	if got := WithRank(hdr, -1); got.Get(DataParallelRankHeader) != "7" {
+		t.Fatalf("no rank: %v", got)
+	}
+	got := WithRank(hdr, 1)
+	if got.Get(DataParallelRankHeader) != "1" || len(got.Values(DataParallelRankHeader)) != 1 || got.Get("Authorization") != "Bearer k" {
+		t.Fatalf("rank 1: %v", got)
+	}
+	if hdr.Get(DataParallelRankHeader) != "7" {
+		t.Fatalf("the client's headers changed: %v", hdr)
+	}
+	if got := WithRank(nil, 0); got.Get(DataParallelRankHeader) != "0" {
+		t.Fatalf("nil headers: %v", got)
+	}
+}

@@ -445,3 +445,60 @@ func runRandomized(t *testing.T, idx kvstore.Index) {
 		}
 	}
 }
+
+// CappedIndexFactory returns a new, empty index whose entries per (model, endpoint) are bounded by
+// perEndpoint (MemoryConfig.MaxKeysPerEndpoint, RedisConfig.MaxEntriesPerEndpoint).
+type CappedIndexFactory func(t *testing.T, perEndpoint int) kvstore.Index
+
+// RunEndpointCap checks the per-endpoint bound: an endpoint flooded with 1,000 distinct blocks (single
+// Adds, multi-block Adds and, where the index is a Batcher, Apply) keeps between half the cap and the cap;
+// another endpoint under the cap keeps everything; the flooded endpoint's clear still empties it.
+func RunEndpointCap(t *testing.T, newIndex CappedIndexFactory) {
+	ctx := context.Background()
+	const perEp = 64
+	idx := newIndex(t, perEp)
+	flood := keys(77, 1000) // a chain: each block is matched alone below, so chaining does not matter
+	small := keys(78, 10)
+	must(t, idx.Add(ctx, "m", "small", kvstore.TierGPU, small))
+	for _, k := range flood[:400] {
+		must(t, idx.Add(ctx, "m", "big", kvstore.TierGPU, []kvstore.BlockKey{k}))
+	}
+	for i := 400; i < 700; i += 50 {
+		must(t, idx.Add(ctx, "m", "big", kvstore.TierGPU, flood[i:i+50]))
+	}
+	if b, ok := idx.(kvstore.Batcher); ok {
+		var ups []kvstore.Update
+		for i := 700; i < 1000; i += 30 {
+			ups = append(ups, kvstore.Update{Endpoint: "big", Tier: kvstore.TierGPU, Keys: flood[i : i+30]})
+		}
+		must(t, b.Apply(ctx, "m", ups))
+	} else {
+		must(t, idx.Add(ctx, "m", "big", kvstore.TierGPU, flood[700:]))
+	}
+	held := func(ep string, ks []kvstore.BlockKey) int {
+		n := 0
+		for _, k := range ks {
+			ms, err := idx.Match(ctx, "m", []kvstore.BlockKey{k})
+			must(t, err)
+			for _, m := range ms {
+				if string(m.Endpoint) == ep && m.GPUBlocks == 1 {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if n := held("big", flood); n > perEp || n < perEp/2 {
+		t.Fatalf("flooded endpoint holds %d blocks, want %d..%d", n, perEp/2, perEp)
+	}
+	if n := held("small", small); n != len(small) {
+		t.Fatalf("the other endpoint holds %d of its %d blocks", n, len(small))
+	}
+	must(t, idx.ClearEndpoint(ctx, "m", "big"))
+	if n := held("big", flood); n != 0 {
+		t.Fatalf("cleared endpoint still holds %d blocks", n)
+	}
+	// Under the cap again: a fresh run of blocks is kept whole.
+	must(t, idx.Add(ctx, "m", "big", kvstore.TierGPU, flood[:perEp/2]))
+	expectMatch(t, idx, "m", flood[:perEp/2], em("big", perEp/2, 0))
+}

@@ -1,5 +1,7 @@
 -- Add. KEYS[1]: the endpoint's reverse SET; KEYS[2..]: block keys. ARGV[1]: endpoint; ARGV[2]: tier bit;
--- ARGV[3..]: block IDs (hex), one per block key. Specialized rather than built on update(): a block the
+-- ARGV[3..#KEYS+1]: block IDs (hex), one per block key; ARGV[#KEYS+2] (optional): the endpoint's cap (0:
+-- none): past it, random members of the reverse SET are popped and the endpoint's tier bits cleared in those
+-- blocks (their names built from KEYS[1]'s prefix: same hash slot). Specialized rather than built on update(): a block the
 -- endpoint does not hold yet (the common case when ingesting) gets the one precomputed record appended,
 -- and only blocks it held on no tier join the reverse SET (one it holds on a tier is already a member).
 local ep, bit = ARGV[1], tonumber(ARGV[2])
@@ -31,4 +33,19 @@ for c = 2, #KEYS, 1000 do
   if #mset > 0 then redis.call('MSET', unpack(mset)) end
 end
 for c = 1, #added, 1000 do redis.call('SADD', KEYS[1], unpack(added, c, math.min(c + 999, #added))) end
+local cap = tonumber(ARGV[#KEYS + 2] or '0') or 0
+if cap > 0 then
+  local over = redis.call('SCARD', KEYS[1]) - cap
+  if over > 0 then
+    local base = string.sub(KEYS[1], 1, #KEYS[1] - #ep - 2) .. 'b:'
+    local gone = redis.call('SPOP', KEYS[1], over)
+    local names = {}
+    for i = 1, #gone do names[i] = base .. gone[i] end
+    update(names, 1, ep, function(v)
+      if not v then return nil end
+      v = live(v)
+      return v - v % 4
+    end)
+  end
+end
 return #KEYS - 1

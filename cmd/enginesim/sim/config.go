@@ -79,6 +79,13 @@ type Config struct {
 	// IDs on chat".
 	RenderTokenizePerToken time.Duration
 
+	// DataParallelSize is vLLM's --data-parallel-size: that many ranks, each with its own scheduler
+	// (MaxNumSeqs each), KV cache (NumGPUBlocks, NumCPUBlocks each) and KV-event publisher at the
+	// configured event and replay ports + rank, its batches carrying data_parallel_rank. A request's
+	// X-data-parallel-rank header picks its rank; without one the least-loaded rank serves it. 0 or 1: one
+	// engine, no rank in the events beyond rank 0.
+	DataParallelSize int
+
 	// Faults are the faults armed at start (see Faults); POST /sim/faults changes them at run time.
 	Faults Faults
 }
@@ -226,6 +233,8 @@ func (c *Config) Validate() error {
 		return bad("port", "%d out of range", c.Port)
 	case c.EventsEncoding != "array" && c.EventsEncoding != "map":
 		return bad("kv-events-encoding", "%q is not array or map", c.EventsEncoding)
+	case c.DataParallelSize < 0 || c.DataParallelSize > 64:
+		return bad("data-parallel-size", "want 1..64, got %d", c.DataParallelSize)
 	case c.EventsHashForm != "int" && c.EventsHashForm != "bytes":
 		return bad("kv-events-hash-form", "%q is not int or bytes", c.EventsHashForm)
 	case c.API != "" && c.API != APIVLLM && c.API != APISGLang:

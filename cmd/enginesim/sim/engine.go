@@ -49,6 +49,13 @@ type Engine struct {
 	peakIn    int // most requests ever in the engine (running + waiting) at once
 	loopDone  chan struct{}
 	stop      chan struct{}
+
+	// Data-parallel ranks (Config.DataParallelSize ≥ 2, see dp.go): the front engine serves HTTP and holds
+	// ranks; each rank is an Engine without HTTP (parent set) with its own scheduler, KV cache and publisher.
+	parent *Engine
+	rank   int
+	ranks  []*Engine
+	rg     rankGauges // a rank's counts for the front engine's gauges and its balancer
 }
 
 // Start builds and starts an engine: HTTP on cfg.Host:cfg.Port (0 = free port), the scheduler, and the
@@ -89,7 +96,11 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	e.dm = newDialectMetrics(e.m, cfg.servedNames()[0])
 	e.faults.set(cfg.Faults)
-	if cfg.eventsEnabled() {
+	if cfg.DataParallelSize >= 2 {
+		if err := e.startRanks(); err != nil {
+			return nil, err
+		}
+	} else if cfg.eventsEnabled() {
 		if e.pub, err = newPublisher(&e.cfg, log); err != nil {
 			return nil, err
 		}
@@ -100,6 +111,7 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 		if e.pub != nil {
 			e.pub.close()
 		}
+		e.closeRanks()
 		return nil, fmt.Errorf("sim: listen: %w", err)
 	}
 	e.srv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
@@ -124,6 +136,9 @@ func (e *Engine) HTTPAddr() string {
 // EventsAddr returns the KV-event PUB address a subscriber dials ("tcp://127.0.0.1:5557"), the configured
 // endpoint when the publisher connects instead of binding, or "" when events are off.
 func (e *Engine) EventsAddr() string {
+	if e.ranks != nil {
+		return e.ranks[0].EventsAddr()
+	}
 	if e.pub == nil {
 		return ""
 	}
@@ -135,6 +150,9 @@ func (e *Engine) EventsAddr() string {
 
 // ReplayAddr returns the replay ROUTER address a DEALER dials, or "" when replay is off.
 func (e *Engine) ReplayAddr() string {
+	if e.ranks != nil {
+		return e.ranks[0].ReplayAddr()
+	}
 	if e.pub == nil {
 		return ""
 	}
@@ -145,6 +163,9 @@ func (e *Engine) ReplayAddr() string {
 // ("" = everything), sorted, without duplicates; nil when events are off. ZMQ drops what a PUB socket sends
 // before a subscription arrives, so callers that must see every batch wait until theirs is listed.
 func (e *Engine) EventSubscriptions() []string {
+	if e.ranks != nil {
+		return e.rankSubscriptions() // the topics every rank's subscribers have
+	}
 	if e.pub == nil {
 		return nil
 	}
@@ -167,6 +188,9 @@ func (e *Engine) Close() error {
 	e.cond.Broadcast()
 	e.mu.Unlock()
 	err := e.srv.Close()
+	if rerr := e.closeRanks(); err == nil {
+		err = rerr
+	}
 	<-e.loopDone
 	e.mu.Lock()
 	for _, r := range append(e.waiting, e.running...) {
@@ -202,6 +226,7 @@ type request struct {
 	admittedV    time.Duration
 	lastTokenV   time.Duration
 	cancelled    atomic.Bool
+	eng          *Engine // the engine (or data-parallel rank) it was submitted to
 
 	// Shared with the HTTP handler (under mu); notify gets a value after each change.
 	mu     sync.Mutex
@@ -235,6 +260,9 @@ func (r *request) emit(ids ...uint32) {
 func (r *request) finish(reason string, err error) {
 	r.mu.Lock()
 	if !r.done {
+		if r.eng != nil {
+			r.eng.rg.held.Add(-1)
+		}
 		r.out = append(r.out, r.final...)
 		r.done, r.reason, r.err = true, reason, err
 	}
@@ -278,7 +306,7 @@ func (e *Engine) submit(prompt []uint32, lora, salt string, maxTokens int, notif
 	if total > e.cfg.NumGPUBlocks {
 		return nil, badRequest("the request needs %d KV blocks but the engine has %d", total, e.cfg.NumGPUBlocks)
 	}
-	r := &request{id: newRequestID(), prompt: prompt, lora: lora, salt: salt, maxTokens: maxTokens, notify: notify}
+	r := &request{id: newRequestID(), prompt: prompt, lora: lora, salt: salt, maxTokens: maxTokens, notify: notify, eng: e}
 	r.seq = slices.Clip(prompt)
 	r.hashes = e.hasher.blockHashes(prompt, e.cfg.BlockSize, lora, salt)
 	r.outStart = e.vocab.start(prompt)
@@ -289,11 +317,12 @@ func (e *Engine) submit(prompt []uint32, lora, salt string, maxTokens int, notif
 	}
 	r.arrivalV = e.now()
 	e.waiting = append(e.waiting, r)
+	e.rg.held.Add(1)
 	if n := len(e.waiting) + len(e.running); n > e.peakIn {
 		e.peakIn = n
-		e.m.peakInFlight.Set(float64(n))
+		e.setPeaks()
 	}
-	e.m.waiting.Set(float64(len(e.waiting)))
+	e.updateGauges()
 	e.cond.Signal()
 	return r, nil
 }
@@ -309,6 +338,10 @@ func (e *Engine) now() time.Duration {
 
 // cancel stops a request whose client went away; the scheduler drops it at its next step.
 func (e *Engine) cancel(r *request) {
+	if r.eng != nil && r.eng != e {
+		r.eng.cancel(r)
+		return
+	}
 	if r.cancelled.CompareAndSwap(false, true) {
 		e.mu.Lock()
 		e.cond.Signal()
@@ -445,7 +478,7 @@ func (e *Engine) admit() {
 		e.running = append(e.running, r)
 		if len(e.running) > e.peak {
 			e.peak = len(e.running)
-			e.m.peakRunning.Set(float64(e.peak))
+			e.setPeaks()
 		}
 		n := float64(len(r.prompt))
 		gpuHit := float64((len(run) - cpuBlocks) * B)
@@ -568,6 +601,11 @@ func (e *Engine) cacheOutputBlock(r *request) {
 }
 
 func (e *Engine) updateGauges() {
+	if e.parent != nil {
+		e.rg.store(len(e.running), len(e.waiting), e.usage())
+		e.parent.sumRankGauges()
+		return
+	}
 	e.m.running.Set(float64(len(e.running)))
 	e.m.waiting.Set(float64(len(e.waiting)))
 	e.m.usage.Set(e.usage())
@@ -597,7 +635,7 @@ func (e *Engine) flushEvents() {
 	if len(events) == 0 || e.pub == nil {
 		return
 	}
-	drop := e.faults.takeEventDrop()
+	drop := e.root().faults.takeEventDrop()
 	if drop {
 		e.log.Info("fault: dropping a kv event batch")
 		e.m.faults.WithLabelValues("drop_event_batch").Inc()
@@ -612,6 +650,11 @@ func (e *Engine) flushEvents() {
 // ResetPrefixCache drops every cached block (vLLM's POST /reset_prefix_cache) and publishes
 // AllBlocksCleared.
 func (e *Engine) ResetPrefixCache() error {
+	for _, rk := range e.ranks {
+		if err := rk.ResetPrefixCache(); err != nil {
+			return err
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -634,6 +677,22 @@ func (e *Engine) SetFaults(f Faults) error {
 	if !restart {
 		return nil
 	}
+	for _, rk := range e.ranks {
+		if err := rk.restartEvents(); err != nil {
+			return err
+		}
+	}
+	if err := e.restartEvents(); err != nil {
+		return err
+	}
+	e.m.faults.WithLabelValues("restart_event_seq").Inc()
+	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
+	e.log.Info("fault: restarted the kv event sequence and emptied the cache")
+	return nil
+}
+
+// restartEvents empties the cache without events and starts the event sequence over (SetFaults).
+func (e *Engine) restartEvents() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -644,9 +703,6 @@ func (e *Engine) SetFaults(f Faults) error {
 	if e.pub != nil {
 		e.pub.restart()
 	}
-	e.m.faults.WithLabelValues("restart_event_seq").Inc()
-	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
-	e.log.Info("fault: restarted the kv event sequence and emptied the cache")
 	return nil
 }
 
@@ -667,8 +723,12 @@ type Stats struct {
 	ModelTime time.Duration
 }
 
-// Stats returns a snapshot of the engine's state.
+// Stats returns a snapshot of the engine's state; with data-parallel ranks, their sums (peaks, usage and
+// model time: the largest rank's).
 func (e *Engine) Stats() Stats {
+	if e.ranks != nil {
+		return sumStats(e.RankStats())
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	g, c := e.cache.cachedBlocks()

@@ -33,6 +33,7 @@ type publisher struct {
 	layout    kvevents.Layout
 	form      kvevents.HashForm
 	blockSize int
+	rank      int // data_parallel_rank of every batch
 	pub       zmq4.Socket
 	router    zmq4.Socket // nil without replay
 	cancel    context.CancelFunc
@@ -160,9 +161,10 @@ func (p *publisher) publish(events []kvEvent, drop bool) (uint64, error) {
 	return seq, nil
 }
 
-// encode builds one EventBatch (data_parallel_rank 0) and encodes it with kvevents.Encode.
+// encode builds one EventBatch (data_parallel_rank p.rank) and encodes it with kvevents.Encode.
 func (p *publisher) encode(ts float64, events []kvEvent) ([]byte, error) {
-	batch := kvevents.EventBatch{TS: ts, DataParallelRank: new(int)}
+	rank := p.rank
+	batch := kvevents.EventBatch{TS: ts, DataParallelRank: &rank}
 	for _, ev := range events {
 		batch.Events = append(batch.Events, p.convert(ev))
 	}

@@ -374,8 +374,13 @@ type promptDetails struct {
 func (e *Engine) serve(w http.ResponseWriter, r *http.Request, s served, prompts [][]uint32, chat bool) {
 	notify := make(chan struct{}, 1)
 	reqs := make([]*request, 0, len(prompts))
+	core, err := e.pickRank(r.Header.Get(DataParallelRankHeader))
+	if err != nil {
+		e.reject(w, err)
+		return
+	}
 	for _, p := range prompts {
-		q, err := e.submit(p, s.lora, s.salt, s.maxTokens, notify)
+		q, err := core.submit(p, s.lora, s.salt, s.maxTokens, notify)
 		if err != nil {
 			for _, q := range reqs {
 				e.cancel(q)
