@@ -117,7 +117,7 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 	if ing == nil {
 		t.Fatal("no gateway reports rank e0/dp1's ingestion")
 	}
-	resp, err := http.Get("http://" + ing.Addr() + "/readyz")
+	resp, err := getReadyz(ing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 	}
 }
 
-// A data-parallel engine that fails before responding is left out of the retry as a whole: the request is
+// A data-parallel engine that refuses a request (503) is left out of the retry as a whole: the request is
 // retried on the next engine, not on the failed engine's other rank (one API server fronts all ranks). The
 // forwarded request names its rank.
 func TestRetrySkipsOtherRanks(t *testing.T) {
@@ -138,8 +138,7 @@ func TestRetrySkipsOtherRanks(t *testing.T) {
 		mu.Lock()
 		ranks[r.Header.Get("X-data-parallel-rank")] = true
 		mu.Unlock()
-		conn, _, _ := w.(http.Hijacker).Hijack()
-		conn.Close()
+		w.WriteHeader(http.StatusServiceUnavailable) // a refusal: retried on another engine (retry_on)
 	})
 	good := newFakeEngine(t, 5, okCompletion)
 	eps := fmt.Sprintf("      - {id: flaky, engine: vllm, url: %q, data_parallel_size: 2}\n      - {id: good, engine: vllm, url: %q}\n", flaky.srv.URL, good.srv.URL)

@@ -485,7 +485,15 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				} else {
 					s.outlierSuccess(cand.EngineID())
 				}
-				if !cfg.RetryOnStatus(resp.StatusCode) || !retry(claim.Index) {
+				if !cfg.RetryOnStatus(resp.StatusCode) {
+					break
+				}
+				for i, c := range plan.Candidates { // one API server fronts every data-parallel rank of an engine
+					if i != claim.Index && c.EngineID() == cand.EngineID() {
+						exclude[i] = true
+					}
+				}
+				if !retry(claim.Index) {
 					break
 				}
 				// The engine refused the request (e.g. 503 overloaded, 429): it did not run it, so another
