@@ -19,9 +19,10 @@ type Fence struct {
 	Token int64  // > 0
 }
 
-// Fencer is implemented by both index backends. Each model's index records, per fence scope, the newest
-// fencing token it has seen; a write carrying an older one comes from a stale holder (its lease expired
-// while it was paused or cut off, and another holder took over) and is refused with ErrFenced.
+// Fencer is implemented by both index backends. Each model's index records, per fence scope, the token of
+// the lease's current holder (RaiseFence); a write carrying another one comes from a stale holder (its
+// lease expired while it was paused or cut off, and another holder took over) and is refused with
+// ErrFenced.
 type Fencer interface {
 	// RaiseFence records f.Token as the newest token of f.Scope under model (the new lease holder calls it
 	// right after acquiring the lease, before its first write): from then on writes with older tokens are
@@ -29,10 +30,12 @@ type Fencer interface {
 	// model or scope or a token ≤ 0.
 	RaiseFence(ctx context.Context, model string, f Fence) error
 	// Fenced returns a view of the index whose writes (Add, Remove, Apply, ClearEndpoint, ClearConfirmed,
-	// Demote) carry f: each checks f against the newest token recorded for f.Scope under the call's model
-	// atomically with the write (inside the write's script on Redis), records f.Token when it is newer, and
-	// is refused with ErrFenced, writing nothing, when it is older. Match and Record (the gateways'
-	// speculative entries, not ingestion's) are the index's own.
+	// Demote) carry f: each checks f against the token RaiseFence recorded for f.Scope under the call's
+	// model atomically with the write (inside the write's script on Redis) and is refused with ErrFenced,
+	// writing nothing, unless it is that token. Writes never record a token themselves, and pass while
+	// none is recorded (a Redis restarted empty lost the lease counter too: a stale holder's token from
+	// before the restart must not become the fence). Match and Record (the gateways' speculative entries,
+	// not ingestion's) are the index's own.
 	Fenced(f Fence) FencedIndex
 }
 
@@ -62,8 +65,8 @@ func checkFence(op, model string, f Fence) error {
 
 type memFenceKey struct{ model, scope string }
 
-// memFence is one scope's newest token; mu is held across a fenced write, so a RaiseFence cannot slip
-// between a write's check and its effect.
+// memFence is one scope's current token (0: none recorded); mu is held across a fenced write, so a
+// RaiseFence cannot slip between a write's check and its effect.
 type memFence struct {
 	mu    sync.Mutex
 	token int64
@@ -84,7 +87,7 @@ func (m *MemoryIndex) fenceOf(model, scope string) *memFence {
 	return f
 }
 
-// fenced runs write while holding f's scope fence, if f's token is not older than the recorded one.
+// fenced runs write while holding f's scope fence, if f's token is the recorded one (or none is).
 func (m *MemoryIndex) fenced(op, model string, f Fence, write func() error) error {
 	if err := checkFence(op, model, f); err != nil {
 		return err
@@ -92,19 +95,25 @@ func (m *MemoryIndex) fenced(op, model string, f Fence, write func() error) erro
 	mf := m.fenceOf(model, f.Scope)
 	mf.mu.Lock()
 	defer mf.mu.Unlock()
-	if f.Token < mf.token {
-		return fmt.Errorf("kvstore: %s: fencing token %d of %q is older than %d: %w", op, f.Token, f.Scope, mf.token, ErrFenced)
-	}
-	mf.token = f.Token
-	if write == nil {
-		return nil
+	if mf.token != 0 && f.Token != mf.token {
+		return fmt.Errorf("kvstore: %s: fencing token %d of %q is not the current holder's %d: %w", op, f.Token, f.Scope, mf.token, ErrFenced)
 	}
 	return write()
 }
 
 // RaiseFence implements Fencer.
 func (m *MemoryIndex) RaiseFence(_ context.Context, model string, f Fence) error {
-	return m.fenced("raise fence", model, f, nil)
+	if err := checkFence("raise fence", model, f); err != nil {
+		return err
+	}
+	mf := m.fenceOf(model, f.Scope)
+	mf.mu.Lock()
+	defer mf.mu.Unlock()
+	if f.Token < mf.token {
+		return fmt.Errorf("kvstore: raise fence: fencing token %d of %q is older than %d: %w", f.Token, f.Scope, mf.token, ErrFenced)
+	}
+	mf.token = f.Token
+	return nil
 }
 
 // Fenced implements Fencer.
@@ -157,8 +166,10 @@ func (v *fencedMemory) Demote(ctx context.Context, model string, ep EndpointID, 
 var (
 	//go:embed scripts/index_fence.lua
 	luaIndexFence string
+	//go:embed scripts/index_fence_raise.lua
+	luaIndexFenceRaise string
 
-	scriptFenceRaise    = redis.NewScript(luaIndexFence + "return 1\n")
+	scriptFenceRaise    = redis.NewScript(luaIndexFenceRaise)
 	scriptFencedAdd     = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexAdd)
 	scriptFencedRemove  = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexRemove)
 	scriptFencedClear   = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexClear)

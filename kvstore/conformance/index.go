@@ -271,7 +271,11 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 			t.Skip("index is not a kvstore.Fencer")
 		}
 		old, cur := fr.Fenced(kvstore.Fence{Scope: "a", Token: 4}), fr.Fenced(kvstore.Fence{Scope: "a", Token: 5})
-		must(t, old.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: gpu, Keys: k[:4]}}))
+		// With no fence recorded (a store restarted empty) writes pass, and record nothing.
+		must(t, cur.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: gpu, Keys: k[:4]}}))
+		must(t, old.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 4}))
+		must(t, old.Add(ctx, "m", "a", gpu, k[:4]))
 		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 5}))
 		// Every write of the older holder is refused and writes nothing.
 		fenced := func(what string, err error) {
@@ -293,10 +297,16 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		must(t, cur.Add(ctx, "m", "a/dp1", cpu, k[:3])) // a rank sub-endpoint under the same scope
 		must(t, old.Record(ctx, "m", "b", k[:1], time.Minute))
 		expectMatch(t, old, "m", k[:10], em("a", 2, 0), em("a/dp1", 0, 3), em("b", 1, 0))
-		// A newer holder's first write raises the fence by itself; other scopes and models are separate.
+		// A token newer than the fence writes nothing until its holder raises the fence (a stale holder of
+		// an earlier store epoch must not take the scope over); then the earlier one is refused.
 		newer := fr.Fenced(kvstore.Fence{Scope: "a", Token: 9})
-		must(t, newer.Demote(ctx, "m", "a", time.Minute))
-		fenced("Add after a newer write", cur.Add(ctx, "m", "a", gpu, k[:1]))
+		fenced("Demote with a newer, unraised token", newer.Demote(ctx, "m", "a", time.Minute))
+		expectMatch(t, idx, "m", k[:10], em("a", 2, 0), em("a/dp1", 0, 3), em("b", 1, 0))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 9}))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 9})) // again: same token
+		fenced("Add after a newer holder", cur.Add(ctx, "m", "a", gpu, k[:1]))
+		// Other scopes and models are separate.
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "c", Token: 1}))
 		must(t, fr.Fenced(kvstore.Fence{Scope: "c", Token: 1}).Add(ctx, "m", "c", gpu, k[:2]))
 		must(t, fr.Fenced(kvstore.Fence{Scope: "a", Token: 1}).Add(ctx, "m2", "a", gpu, k[:2]))
 		must(t, newer.ClearConfirmed(ctx, "m", "a/dp1"))
