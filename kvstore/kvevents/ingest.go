@@ -141,7 +141,8 @@ type Stats struct {
 	IndexErrors uint64
 	// Resyncs counts rebuilds of the endpoint's entries after a failed index write (Index.Apply, a clear or
 	// a demotion): the confirmed entries are demoted and every block the engine-hash map says the engine
-	// holds is added again, retried with backoff until it succeeds (RATIONALE.md, "Fenced ingestion").
+	// holds is added again: first a second after the failure, then retried with the reconnect backoff
+	// until it succeeds (RATIONALE.md, "Fenced ingestion").
 	// ResyncPending is set from the failure until the rebuild succeeds.
 	Resyncs       uint64
 	ResyncPending bool
@@ -805,7 +806,9 @@ func (in *Ingester) demote(ctx context.Context) {
 
 // wrote reports whether an index write succeeded. A refused one (kvstore.ErrFenced: another ingester holds
 // the endpoint's lease now) stops the Ingester's writes; any other failure schedules a resync, logged once
-// with its cause (later failures until the resync succeeds are only counted).
+// with its cause (later failures until the resync succeeds are only counted). The first attempt waits a
+// second: retrying at once, while the store is down, added to the load of its client's dial failures and
+// upset the router's store-outage handling (TestOutageOnsetCapsHold went over its limit).
 func (in *Ingester) wrote(ctx context.Context, op string, err error) bool {
 	if err == nil {
 		return true
@@ -822,8 +825,8 @@ func (in *Ingester) wrote(ctx context.Context, op string, err error) bool {
 	if in.writeErr == nil {
 		in.log.WarnContext(ctx, "kv events index write failed; the endpoint will be resynced", slog.String("op", op), slog.Any("err", err))
 		in.writeErr = err
-		in.resyncWait = in.cfg.BackoffMin
-		in.resyncAt = in.cfg.Now()
+		in.resyncWait = max(in.cfg.BackoffMin, time.Second)
+		in.resyncAt = in.cfg.Now().Add(in.resyncWait)
 		in.bump(func(s *Stats) { s.ResyncPending = true })
 	}
 	return false
