@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,12 +223,16 @@ type Ingester struct {
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
 	dupHi       uint64
 	configNoted bool
-	instance    string    // the engine instance last seen ("" unknown)
-	unconfUntil time.Time // demoted entries may exist until then
-	replaying   bool      // inside replay (no nested replay for a corrupt batch)
-	fenced      bool      // a write was refused with kvstore.ErrFenced: nothing more is written
-	writeErr    error     // the failed index write a resync must repair (nil: none pending)
-	resyncClear bool      // the failed write was a clear: the resync clears before adding
+	instance    string           // the engine instance last seen ("" unknown)
+	unconfUntil time.Time        // demoted entries may exist until then
+	replaying   bool             // inside replay (no nested replay for a corrupt batch)
+	fenced      bool             // a write was refused with kvstore.ErrFenced: nothing more is written
+	writeErr    error            // the failed index write a resync must repair (nil: none pending)
+	resyncClear bool             // the failed write was a clear: the resync clears before adding
+	resyncDem   bool             // a demotion failed: the resync demotes before replaying the backlog
+	backlog     []kvstore.Update // updates not in the index since the failure, in order (copies)
+	backlogKeys int
+	overflow    bool      // the backlog outgrew maxBacklogKeys: the resync rebuilds from the map instead
 	resyncAt    time.Time // next resync attempt
 	resyncWait  time.Duration
 
@@ -748,6 +753,8 @@ func (in *Ingester) clear(ctx context.Context, resync bool) {
 	err := in.clearIndex(ctx)
 	if !in.wrote(ctx, "clear", err) {
 		in.resyncClear = true
+	} else {
+		in.dropBacklog() // the clear supersedes what was queued before it
 	}
 	in.bump(func(s *Stats) {
 		s.Clears++
@@ -791,7 +798,9 @@ func (in *Ingester) demote(ctx context.Context) {
 	var err error
 	if !in.fenced {
 		err = d.Demote(ctx, in.cfg.Model, in.cfg.Endpoint, in.cfg.UnconfirmedTTL)
-		in.wrote(ctx, "demote", err)
+		if !in.wrote(ctx, "demote", err) {
+			in.resyncDem = true
+		}
 	}
 	until := in.cfg.Now().Add(in.cfg.UnconfirmedTTL)
 	in.unconfUntil = until
@@ -863,45 +872,56 @@ func (in *Ingester) resyncDue() (time.Time, bool) {
 // resyncChunk is the most keys one update of a resync carries (a Redis script runs them in one call).
 const resyncChunk = 4096
 
-// resync repairs the endpoint's entries after a failed write: it repeats the clear when the failed write
-// was one, else demotes the confirmed entries (what a failed Remove left behind ages out, what the engine
-// still holds keeps its score), then adds every block the engine-hash map says the engine holds, on its
-// tiers, confirming them again. Nothing the engine still holds is dropped, also when this fails (it is
-// retried with backoff). Entries the map already marks unconfirmed are left as they are.
+// resync repairs the endpoint's entries after a failed write. Usually it sends the updates that did not
+// reach the index since the failure again, in order (set semantics make a partly applied one harmless),
+// after the demotion that failed, if one did. When the failed write was a clear, it clears again and adds
+// every block the engine-hash map holds; when the backlog outgrew maxBacklogKeys, it demotes the
+// confirmed entries (what a lost Remove left behind ages out, what the engine still holds keeps its score)
+// and adds every block the map holds, confirming them again. Nothing the engine still holds is dropped,
+// also when this fails (it is retried with backoff).
 func (in *Ingester) resync(ctx context.Context) {
 	if in.writeErr == nil || in.fenced || in.cfg.Now().Before(in.resyncAt) {
 		return
 	}
 	var err error
 	op := "demote"
-	demoted := false
-	if in.resyncClear {
+	demoted, rebuild := false, in.resyncClear || in.overflow
+	d, canDemote := in.cfg.Index.(kvstore.Demoter)
+	switch {
+	case in.resyncClear:
 		op = "clear"
 		err = in.clearIndex(ctx)
-	} else if d, ok := in.cfg.Index.(kvstore.Demoter); ok {
+	case (in.overflow || in.resyncDem) && canDemote:
 		err = d.Demote(ctx, in.cfg.Model, in.cfg.Endpoint, in.cfg.UnconfirmedTTL)
 		demoted = err == nil
 	}
 	var until time.Time
 	if demoted {
+		in.resyncDem = false
 		until = in.cfg.Now().Add(in.cfg.UnconfirmedTTL)
 		in.unconfUntil = until
 	}
 	if err == nil {
 		op = "apply"
 		in.resyncClear = false
-		var us []kvstore.Update
-		for _, tier := range []kvstore.Tier{kvstore.TierGPU, kvstore.TierCPU} {
-			var keys []kvstore.BlockKey
-			in.hashes.eachHeld(tier, func(k kvstore.BlockKey) { keys = append(keys, k) })
-			for len(keys) > 0 {
-				n := min(len(keys), resyncChunk)
-				us = append(us, kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: tier, Keys: keys[:n:n]})
-				keys = keys[n:]
+		us := in.backlog
+		if rebuild {
+			us = nil
+			for _, tier := range []kvstore.Tier{kvstore.TierGPU, kvstore.TierCPU} {
+				var keys []kvstore.BlockKey
+				in.hashes.eachHeld(tier, func(k kvstore.BlockKey) { keys = append(keys, k) })
+				for len(keys) > 0 {
+					n := min(len(keys), resyncChunk)
+					us = append(us, kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: tier, Keys: keys[:n:n]})
+					keys = keys[n:]
+				}
 			}
 		}
 		if len(us) > 0 {
 			err = in.cfg.Index.Apply(ctx, in.cfg.Model, us)
+		}
+		if err == nil {
+			in.dropBacklog()
 		}
 	}
 	in.bump(func(s *Stats) {
@@ -1098,6 +1118,8 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 		if err := in.clearIndex(ctx); !in.wrote(ctx, "clear", err) {
 			in.resyncClear = true
 			c.indexErrors++
+		} else {
+			in.dropBacklog()
 		}
 		c.clears++
 		c.cleared = true
@@ -1216,11 +1238,42 @@ func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
 	if len(in.updates) == 0 || in.fenced {
 		return
 	}
+	if in.writeErr != nil { // a resync is pending: these wait behind the failed ones, in order
+		in.queueBacklog(in.updates)
+		return
+	}
 	if err := in.cfg.Index.Apply(ctx, in.cfg.Model, in.updates); in.wrote(ctx, "apply", err) {
 		c.blocks += uint64(added)
 	} else {
 		c.indexErrors++
+		in.queueBacklog(in.updates)
 	}
+}
+
+// maxBacklogKeys bounds the keys of updates kept for a resync; beyond it the resync rebuilds from the
+// engine-hash map.
+const maxBacklogKeys = 1 << 16
+
+// queueBacklog keeps copies of us for the pending resync.
+func (in *Ingester) queueBacklog(us []kvstore.Update) {
+	if in.overflow || in.fenced {
+		return
+	}
+	for _, u := range us {
+		in.backlogKeys += len(u.Keys)
+		if in.backlogKeys > maxBacklogKeys {
+			in.dropBacklog()
+			in.overflow = true
+			return
+		}
+		u.Keys = slices.Clone(u.Keys)
+		in.backlog = append(in.backlog, u)
+	}
+}
+
+// dropBacklog forgets the queued updates.
+func (in *Ingester) dropBacklog() {
+	in.backlog, in.backlogKeys, in.overflow = nil, 0, false
 }
 
 // cacheSalt finds the cache salt of a chain's first block: SGLang's metadata.cache_salt, or the last string
