@@ -140,10 +140,10 @@ type Stats struct {
 	KeyConflicts uint64
 	// IndexErrors counts failed Index calls (refused ones included).
 	IndexErrors uint64
-	// Resyncs counts rebuilds of the endpoint's entries after a failed index write (Index.Apply, a clear or
-	// a demotion): the confirmed entries are demoted and every block the engine-hash map says the engine
-	// holds is added again: first a second after the failure, then retried with the reconnect backoff
-	// until it succeeds (RATIONALE.md, "Fenced ingestion").
+	// Resyncs counts repairs of the endpoint's entries after a failed index write (Index.Apply, a clear or
+	// a demotion): the failed and later updates are sent again in order (or, after a failed clear or a
+	// backlog past 64 Ki keys, rebuilt from the engine-hash map), first a second after the failure, then
+	// retried with the reconnect backoff until it succeeds (RATIONALE.md, "Fenced ingestion").
 	// ResyncPending is set from the failure until the rebuild succeeds.
 	Resyncs       uint64
 	ResyncPending bool
@@ -816,8 +816,7 @@ func (in *Ingester) demote(ctx context.Context) {
 // wrote reports whether an index write succeeded. A refused one (kvstore.ErrFenced: another ingester holds
 // the endpoint's lease now) stops the Ingester's writes; any other failure schedules a resync, logged once
 // with its cause (later failures until the resync succeeds are only counted). The first attempt waits a
-// second: retrying at once, while the store is down, added to the load of its client's dial failures and
-// upset the router's store-outage handling (TestOutageOnsetCapsHold went over its limit).
+// second (retrying at once, while the store is down, added store load at every recovery).
 func (in *Ingester) wrote(ctx context.Context, op string, err error) bool {
 	if err == nil {
 		return true
