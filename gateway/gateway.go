@@ -509,6 +509,8 @@ var (
 	descDemote   = prometheus.NewDesc("kvgate_event_demotions_total", "Times an endpoint's index entries became unconfirmed (takeover past the replay buffer, unrepaired gap).", []string{"endpoint"}, nil)
 	descRestart  = prometheus.NewDesc("kvgate_event_engine_restarts_total", "Engine restarts seen (sequence back to 0, or a new process start time).", []string{"endpoint"}, nil)
 	descRecov    = prometheus.NewDesc("kvgate_event_recovered_batches_total", "Undecodable KV-event batches recovered through replay.", []string{"endpoint"}, nil)
+	descIdxErr   = prometheus.NewDesc("kvgate_event_index_errors_total", "Failed or refused index writes of the endpoint's ingestion.", []string{"endpoint"}, nil)
+	descResync   = prometheus.NewDesc("kvgate_event_resyncs_total", "Rebuilds of an endpoint's index entries after a failed index write.", []string{"endpoint"}, nil)
 	descCfgErr   = prometheus.NewDesc("kvgate_event_config_error", "1 while the endpoint's KV events disagree with the configuration (see /readyz).", []string{"endpoint"}, nil)
 )
 
@@ -517,7 +519,7 @@ type ingestCollector struct{ g *Gateway }
 // Describe implements prometheus.Collector.
 func (c *ingestCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon, descDecErr, descBadFrame,
-		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr} {
+		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr, descIdxErr, descResync} {
 		ch <- d
 	}
 }
@@ -538,7 +540,7 @@ func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCon, prometheus.GaugeValue, conn, ep)
 		for d, v := range map[*prometheus.Desc]uint64{descDecErr: s.DecodeErrors, descBadFrame: s.BadFrames,
 			descOrphan: s.Orphans, descBSErr: s.BlockSizeErrors, descBadTS: s.BadTimestamps, descDemote: s.Demotions,
-			descRestart: s.Restarts, descRecov: s.RecoveredBatches} {
+			descRestart: s.Restarts, descRecov: s.RecoveredBatches, descIdxErr: s.IndexErrors, descResync: s.Resyncs} {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ep)
 		}
 		cfgErr := 0.0

@@ -65,6 +65,21 @@ func (g *Gateway) noteStartTime(id string, start float64) {
 	}
 }
 
+// fencedIndex returns the index view an ingester of endpoint id under model writes through with lease
+// token tok: the fence is raised first, so writes of an earlier holder of the lease (a gateway paused or
+// cut off past its lease) are refused from now on (kvstore.Fencer, RATIONALE "Fenced ingestion").
+func (g *Gateway) fencedIndex(ctx context.Context, model, id string, tok int64) (kvstore.Index, error) {
+	fr, ok := g.index.(kvstore.Fencer)
+	if !ok {
+		return g.index, nil
+	}
+	f := kvstore.Fence{Scope: id, Token: tok}
+	if err := fr.RaiseFence(ctx, model, f); err != nil {
+		return nil, fmt.Errorf("raise the ingestion fence: %w", err)
+	}
+	return fr.Fenced(f), nil
+}
+
 // runIngestion ingests e's KV events while this gateway holds the store lease "ingest:<model>/<id>"; another
 // gateway takes over within a few seconds when this one dies or loses the store. Returns when ctx ends.
 func (g *Gateway) runIngestion(ctx context.Context, m config.Model, e config.Endpoint) {
@@ -98,7 +113,13 @@ func (g *Gateway) runIngestion(ctx context.Context, m config.Model, e config.End
 		if in == nil {
 			tok, ok, err := g.store.Leases.AcquireLease(opCtx, name, g.holder, IngestLeaseTTL)
 			if err == nil && ok {
-				ni, nerr := kvevents.NewIngester(g.ingesterConfig(m, e))
+				cfg := g.ingesterConfig(m, e)
+				var nerr error
+				cfg.Index, nerr = g.fencedIndex(opCtx, m.Name, e.ID, tok)
+				var ni *kvevents.Ingester
+				if nerr == nil {
+					ni, nerr = kvevents.NewIngester(cfg)
+				}
 				if nerr == nil {
 					nerr = ni.Start(ctx)
 				}
@@ -113,6 +134,9 @@ func (g *Gateway) runIngestion(ctx context.Context, m config.Model, e config.End
 					g.log.Info("ingesting endpoint events", slog.String("endpoint_id", e.ID), slog.Int64("lease_token", tok))
 				}
 			}
+		} else if in.Stats().Fenced {
+			// The index refused a write: another gateway holds the endpoint with a newer token.
+			stop("fenced off: another gateway took the endpoint over")
 		} else {
 			ok, err := g.store.Leases.RenewLease(opCtx, name, g.holder, token, IngestLeaseTTL)
 			switch {

@@ -16,11 +16,7 @@ type Update struct {
 	Keys     []BlockKey
 }
 
-// Batcher is implemented by both index backends: Apply applies updates of one model in order, with the
-// same effect as calling Add and Remove one by one, but on Redis in one pipelined round trip (one script
-// per update). Ingestion can use it to apply a whole event batch at once. A validation error (tier, names)
-// is returned before anything is applied; a Redis error may leave a prefix of the updates applied, and
-// re-applying the same updates is safe (set semantics).
+// Batcher is Index's Apply on its own (Index includes it; kept for callers that need only Apply).
 type Batcher interface {
 	Apply(ctx context.Context, model string, updates []Update) error
 }
@@ -42,7 +38,7 @@ func checkUpdates(model string, updates []Update) error {
 	return nil
 }
 
-// Apply implements Batcher.
+// Apply implements Index.
 func (m *MemoryIndex) Apply(ctx context.Context, model string, updates []Update) error {
 	if err := checkUpdates(model, updates); err != nil {
 		return err
@@ -61,9 +57,15 @@ func (m *MemoryIndex) Apply(ctx context.Context, model string, updates []Update)
 	return nil
 }
 
-// Apply implements Batcher: one pipeline of EVALSHA calls (on NOSCRIPT the scripts are loaded and the
+// Apply implements Index: one pipeline of EVALSHA calls (on NOSCRIPT the scripts are loaded and the
 // whole batch is sent again, which is safe because updates are idempotent in sequence).
 func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) error {
+	return r.apply(ctx, nil, model, updates)
+}
+
+// apply is Apply, every script fenced by f unless nil (each update's script checks the fence, so a fence
+// raised halfway refuses the rest).
+func (r *RedisIndex) apply(ctx context.Context, f *Fence, model string, updates []Update) error {
 	if err := checkUpdates(model, updates); err != nil {
 		return err
 	}
@@ -81,6 +83,7 @@ func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) 
 			} else {
 				args = append(args, r.epCap)
 			}
+			s, names, args = r.fencedCall(model, f, s, names, args)
 			s.EvalSha(ctx, p, names, args...)
 			n++
 		}
@@ -92,7 +95,7 @@ func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) 
 	}
 	err := send()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		for _, s := range []*redis.Script{scriptIndexAdd, scriptIndexRemove} {
+		for _, s := range []*redis.Script{scriptIndexAdd, scriptIndexRemove, scriptFencedAdd, scriptFencedRemove} {
 			if lerr := s.Load(ctx, r.c).Err(); lerr != nil {
 				return fmt.Errorf("kvstore: redis apply: load script: %w", lerr)
 			}
@@ -100,7 +103,7 @@ func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) 
 		err = send()
 	}
 	if err != nil {
-		return fmt.Errorf("kvstore: redis apply: %w", err)
+		return redisErr("apply", err)
 	}
 	return nil
 }

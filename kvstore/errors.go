@@ -15,6 +15,10 @@ var (
 	ErrNotFound = errors.New("kvstore: not found")
 	// ErrDigestMismatch is returned by PutBlob when the data's SHA-256 is not the given hex digest.
 	ErrDigestMismatch = errors.New("kvstore: sha256 digest mismatch")
+	// ErrFenced is returned by a fenced index write (Fencer.Fenced) whose fencing token is not the one
+	// recorded for its scope (a stale lease holder's write, refused before anything is written), and by
+	// RaiseFence for a token older than the recorded one.
+	ErrFenced = errors.New("kvstore: write fenced off: a newer lease holder has written")
 	// ErrTooManyEndpoints is returned by the memory index once it has numbered 65,535 distinct endpoints.
 	ErrTooManyEndpoints = errors.New("kvstore: too many endpoints")
 )

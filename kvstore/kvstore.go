@@ -82,6 +82,12 @@ type Index interface {
 	// AllBlocksCleared, an engine restart, lost events): speculative entries are the gateways' record of
 	// what they just routed, not the engine's, and expire on their own TTL.
 	ClearConfirmed(ctx context.Context, model string, ep EndpointID) error
+	// Apply applies updates of one model in order, with the same effect as calling Add and Remove one by
+	// one, but on remote backends in one round trip (Redis: one pipelined script per update). Ingestion
+	// applies a whole event batch at once this way. A validation error (tier, names) is returned before
+	// anything is applied; a store error may leave a prefix of the updates applied, and re-applying the
+	// same updates is safe (set semantics).
+	Apply(ctx context.Context, model string, updates []Update) error
 }
 
 // Demoter is implemented by both index backends (an optional interface beside Index, like Batcher).

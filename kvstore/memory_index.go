@@ -108,6 +108,9 @@ type MemoryIndex struct {
 	hmu     sync.RWMutex
 	models  map[string]*memModel
 	holders []holderName // holder ID -> (model, endpoint); index 0 unused
+
+	fmu    sync.Mutex
+	fences map[memFenceKey]*memFence // Fencer: newest token per (model, scope)
 }
 
 var _ Index = (*MemoryIndex)(nil)

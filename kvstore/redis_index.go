@@ -78,6 +78,7 @@ var (
 //	                                                      bits (1 GPU, 2 CPU); expiresMs > now: live speculative
 //	<base>{<model>}:e:<endpoint>                   SET   block IDs (hex) the endpoint holds on a tier
 //	<base>{<model>}:s:<endpoint>                   ZSET  block IDs with speculative holds, scored by expiry ms
+//	<base>{<model>}:f:<scope>                      STRING newest fencing token of an ingestion lease scope (Fencer)
 //
 // Speculative expiry uses the Redis server's clock (TIME). See kvstore/RATIONALE.md.
 type RedisIndex struct {
@@ -281,37 +282,32 @@ func matchRuns(now int64, vals []any) ([]EndpointMatch, error) {
 
 // Add implements Index (one EVALSHA).
 func (r *RedisIndex) Add(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
-	if err := checkNames("add", model, ep); err != nil {
-		return err
-	}
-	if err := checkTier("add", tier); err != nil {
-		return err
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
-	args = append(args, r.epCap)
-	if err := scriptIndexAdd.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return fmt.Errorf("kvstore: redis add: %w", err)
-	}
-	return nil
+	return r.addRemove(ctx, nil, "add", scriptIndexAdd, model, ep, tier, keys)
 }
 
 // Remove implements Index (one EVALSHA).
 func (r *RedisIndex) Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
-	if err := checkNames("remove", model, ep); err != nil {
+	return r.addRemove(ctx, nil, "remove", scriptIndexRemove, model, ep, tier, keys)
+}
+
+// addRemove is Add (s = scriptIndexAdd) or Remove, fenced by f unless nil.
+func (r *RedisIndex) addRemove(ctx context.Context, f *Fence, op string, s *redis.Script, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+	if err := checkNames(op, model, ep); err != nil {
 		return err
 	}
-	if err := checkTier("remove", tier); err != nil {
+	if err := checkTier(op, tier); err != nil {
 		return err
 	}
 	if len(keys) == 0 {
 		return nil
 	}
 	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
-	if err := scriptIndexRemove.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return fmt.Errorf("kvstore: redis remove: %w", err)
+	if s == scriptIndexAdd {
+		args = append(args, r.epCap) // the endpoint's cap (index_add.lua), before the fence's argument
+	}
+	s, names, args = r.fencedCall(model, f, s, names, args)
+	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return redisErr(op, err)
 	}
 	return nil
 }
@@ -339,13 +335,17 @@ func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, ke
 // ClearEndpoint implements Index (one EVALSHA, visiting only ep's own blocks through its reverse set and
 // speculative ZSET; no keyspace scan).
 func (r *RedisIndex) ClearEndpoint(ctx context.Context, model string, ep EndpointID) error {
+	return r.clearEndpoint(ctx, nil, model, ep)
+}
+
+func (r *RedisIndex) clearEndpoint(ctx context.Context, f *Fence, model string, ep EndpointID) error {
 	if err := checkNames("clear endpoint", model, ep); err != nil {
 		return err
 	}
 	mp := r.modelPrefix(model)
-	err := scriptIndexClear.Run(ctx, r.c, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, string(ep), mp+"b:").Err()
-	if err != nil {
-		return fmt.Errorf("kvstore: redis clear endpoint: %w", err)
+	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:"})
+	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return redisErr("clear endpoint", err)
 	}
 	return nil
 }
@@ -353,13 +353,17 @@ func (r *RedisIndex) ClearEndpoint(ctx context.Context, model string, ep Endpoin
 // ClearConfirmed implements Index (one EVALSHA, visiting only the blocks on ep's reverse set; its
 // speculative ZSET and live speculative holds stay).
 func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep EndpointID) error {
+	return r.clearConfirmed(ctx, nil, model, ep)
+}
+
+func (r *RedisIndex) clearConfirmed(ctx context.Context, f *Fence, model string, ep EndpointID) error {
 	if err := checkNames("clear confirmed", model, ep); err != nil {
 		return err
 	}
 	mp := r.modelPrefix(model)
-	err := scriptIndexClearConfirmed.Run(ctx, r.c, []string{mp + "e:" + string(ep)}, string(ep), mp+"b:").Err()
-	if err != nil {
-		return fmt.Errorf("kvstore: redis clear confirmed: %w", err)
+	s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:"})
+	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return redisErr("clear confirmed", err)
 	}
 	return nil
 }
@@ -367,6 +371,10 @@ func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep Endpoi
 // Demote implements Demoter (one EVALSHA, visiting only the blocks on ep's reverse set). TTLs are rounded up
 // to whole milliseconds; expiry is on the Redis server's clock, like Record's.
 func (r *RedisIndex) Demote(ctx context.Context, model string, ep EndpointID, ttl time.Duration) error {
+	return r.demote(ctx, nil, model, ep, ttl)
+}
+
+func (r *RedisIndex) demote(ctx context.Context, f *Fence, model string, ep EndpointID, ttl time.Duration) error {
 	if err := checkNames("demote", model, ep); err != nil {
 		return err
 	}
@@ -375,10 +383,10 @@ func (r *RedisIndex) Demote(ctx context.Context, model string, ep EndpointID, tt
 	}
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
 	mp := r.modelPrefix(model)
-	err := scriptIndexDemote.Run(ctx, r.c, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, string(ep),
-		strconv.FormatInt(int64(ms), 10), mp+"b:").Err()
-	if err != nil {
-		return fmt.Errorf("kvstore: redis demote: %w", err)
+	s, names, args := r.fencedCall(model, f, scriptIndexDemote, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)},
+		[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:"})
+	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
+		return redisErr("demote", err)
 	}
 	return nil
 }

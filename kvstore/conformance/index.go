@@ -240,6 +240,85 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		expectMatch(t, idx, "m", k[:12], em("b", 3, 0))
 		expectMatch(t, idx, "m", k[8:12])
 	})
+	t.Run("Apply", func(t *testing.T) {
+		idx := newIndex(t)
+		// In order, as Add and Remove one by one: a block added, removed and added again in one call is held.
+		must(t, idx.Apply(ctx, "m", []kvstore.Update{
+			{Endpoint: "a", Tier: gpu, Keys: k[:6]},
+			{Endpoint: "a", Tier: cpu, Keys: k[4:8]},
+			{Endpoint: "a", Tier: gpu, Remove: true, Keys: k[2:6]},
+			{Endpoint: "b", Tier: gpu, Keys: k[:3]},
+			{Endpoint: "a", Tier: gpu, Keys: k[2:3]},
+			{Endpoint: "b", Tier: gpu, Keys: nil},
+		}))
+		expectMatch(t, idx, "m", k[:10], em("a", 3, 0), em("b", 3, 0))
+		expectMatch(t, idx, "m", k[4:10], em("a", 0, 4))
+		must(t, idx.Apply(ctx, "m", nil))
+		// A bad update is refused before anything is applied.
+		err := idx.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: gpu, Remove: true, Keys: k[:3]}, {Endpoint: "a", Tier: 7, Keys: k[:1]}})
+		if !errors.Is(err, kvstore.ErrInvalidTier) {
+			t.Fatalf("Apply with tier 7: %v", err)
+		}
+		if err := idx.Apply(ctx, "", []kvstore.Update{{Endpoint: "a", Tier: gpu, Keys: k[:1]}}); !errors.Is(err, kvstore.ErrInvalidArgument) {
+			t.Fatalf("Apply with no model: %v", err)
+		}
+		expectMatch(t, idx, "m", k[:10], em("a", 3, 0), em("b", 3, 0))
+	})
+	t.Run("Fence", func(t *testing.T) {
+		idx := newIndex(t)
+		fr, ok := idx.(kvstore.Fencer)
+		if !ok {
+			t.Skip("index is not a kvstore.Fencer")
+		}
+		old, cur := fr.Fenced(kvstore.Fence{Scope: "a", Token: 4}), fr.Fenced(kvstore.Fence{Scope: "a", Token: 5})
+		// With no fence recorded (a store restarted empty) writes pass, and record nothing.
+		must(t, cur.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: gpu, Keys: k[:4]}}))
+		must(t, old.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 4}))
+		must(t, old.Add(ctx, "m", "a", gpu, k[:4]))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 5}))
+		// Every write of the older holder is refused and writes nothing.
+		fenced := func(what string, err error) {
+			t.Helper()
+			if !errors.Is(err, kvstore.ErrFenced) {
+				t.Fatalf("%s with a stale token: %v, want ErrFenced", what, err)
+			}
+		}
+		fenced("Apply", old.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: gpu, Keys: k[:8]}}))
+		fenced("Add", old.Add(ctx, "m", "a", gpu, k[:8]))
+		fenced("Remove", old.Remove(ctx, "m", "a", gpu, k[:4]))
+		fenced("ClearConfirmed", old.ClearConfirmed(ctx, "m", "a"))
+		fenced("ClearEndpoint", old.ClearEndpoint(ctx, "m", "a"))
+		fenced("Demote", old.Demote(ctx, "m", "a", time.Minute))
+		fenced("RaiseFence", fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 4}))
+		expectMatch(t, idx, "m", k[:10], em("a", 4, 0))
+		// The current holder writes; reads and speculative records are not fenced.
+		must(t, cur.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: gpu, Remove: true, Keys: k[2:4]}}))
+		must(t, cur.Add(ctx, "m", "a/dp1", cpu, k[:3])) // a rank sub-endpoint under the same scope
+		must(t, old.Record(ctx, "m", "b", k[:1], time.Minute))
+		expectMatch(t, old, "m", k[:10], em("a", 2, 0), em("a/dp1", 0, 3), em("b", 1, 0))
+		// A token newer than the fence writes nothing until its holder raises the fence (a stale holder of
+		// an earlier store epoch must not take the scope over); then the earlier one is refused.
+		newer := fr.Fenced(kvstore.Fence{Scope: "a", Token: 9})
+		fenced("Demote with a newer, unraised token", newer.Demote(ctx, "m", "a", time.Minute))
+		expectMatch(t, idx, "m", k[:10], em("a", 2, 0), em("a/dp1", 0, 3), em("b", 1, 0))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 9}))
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 9})) // again: same token
+		fenced("Add after a newer holder", cur.Add(ctx, "m", "a", gpu, k[:1]))
+		// Other scopes and models are separate.
+		must(t, fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "c", Token: 1}))
+		must(t, fr.Fenced(kvstore.Fence{Scope: "c", Token: 1}).Add(ctx, "m", "c", gpu, k[:2]))
+		must(t, fr.Fenced(kvstore.Fence{Scope: "a", Token: 1}).Add(ctx, "m2", "a", gpu, k[:2]))
+		must(t, newer.ClearConfirmed(ctx, "m", "a/dp1"))
+		expectMatch(t, idx, "m", k[:10], em("a", 2, 0), em("b", 1, 0), em("c", 2, 0))
+		expectMatch(t, idx, "m2", k[:10], em("a", 2, 0))
+		if err := fr.RaiseFence(ctx, "m", kvstore.Fence{Scope: "a", Token: 0}); !errors.Is(err, kvstore.ErrInvalidArgument) {
+			t.Fatalf("RaiseFence token 0: %v", err)
+		}
+		if err := fr.Fenced(kvstore.Fence{Scope: "", Token: 3}).Add(ctx, "m", "a", gpu, k[:1]); !errors.Is(err, kvstore.ErrInvalidArgument) {
+			t.Fatalf("Add with an empty scope: %v", err)
+		}
+	})
 	t.Run("SeveralModels", func(t *testing.T) {
 		idx := newIndex(t)
 		must(t, idx.Add(ctx, "m1", "a", gpu, k[:5]))

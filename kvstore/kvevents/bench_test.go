@@ -138,6 +138,7 @@ func (discardIndex) Remove(context.Context, string, kvstore.EndpointID, kvstore.
 	return nil
 }
 func (discardIndex) ClearEndpoint(context.Context, string, kvstore.EndpointID) error { return nil }
+func (discardIndex) Apply(context.Context, string, []kvstore.Update) error           { return nil }
 func (discardIndex) ClearConfirmed(context.Context, string, kvstore.EndpointID) error {
 	return nil
 }

@@ -59,6 +59,16 @@ func (t *hashTable) markUnconfirmed() {
 	}
 }
 
+// eachHeld calls f with the block key of every confirmed entry held on tier.
+func (t *hashTable) eachHeld(tier kvstore.Tier, f func(kvstore.BlockKey)) {
+	for i := range t.slots {
+		e := &t.slots[i].e
+		if e.refs[0] != 0 && e.refs[0]&unconfirmedMark == 0 && e.refs[tier] > 0 {
+			f(e.key)
+		}
+	}
+}
+
 // dropUnconfirmed removes the entries still marked unconfirmed and returns how many.
 func (t *hashTable) dropUnconfirmed() int {
 	var hs []EngineHash

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,9 +39,11 @@ type IngesterConfig struct {
 	// LoRAByID names LoRA adapters by vLLM's numeric lora_id, for engines whose events carry no lora_name.
 	LoRAByID map[int]string
 	// Index receives the endpoint's confirmed entries (required): each batch's adds and removals in one
-	// kvstore.Batcher.Apply call when Index implements kvstore.Batcher (both kvstore backends do; one
-	// pipelined round trip on Redis), else Add / Remove calls in order; ClearConfirmed when the endpoint's
-	// picture must be rebuilt. Speculative entries (Index.Record) are never touched.
+	// Index.Apply call (one pipelined round trip on Redis); ClearConfirmed when the endpoint's picture must
+	// be rebuilt. Speculative entries (Index.Record) are never touched. Pass a fenced view
+	// (kvstore.Fencer.Fenced with the ingestion lease's token) so a stale ingester's writes are refused:
+	// on kvstore.ErrFenced the Ingester stops (Stats.Fenced). Any other failed write resyncs the endpoint
+	// (Stats.Resyncs).
 	Index kvstore.Index
 	// Logger gets lifecycle and error reports; nil = slog.Default().
 	Logger *slog.Logger
@@ -135,8 +138,18 @@ type Stats struct {
 	OtherGroupEvents uint64
 	// KeyConflicts counts engine hashes announced again with token IDs that give a different block key.
 	KeyConflicts uint64
-	// IndexErrors counts failed Index calls.
+	// IndexErrors counts failed Index calls (refused ones included).
 	IndexErrors uint64
+	// Resyncs counts repairs of the endpoint's entries after a failed index write (Index.Apply, a clear or
+	// a demotion): the failed and later updates are sent again in order (or, after a failed clear or a
+	// backlog past 64 Ki keys, rebuilt from the engine-hash map), first a second after the failure, then
+	// retried with the reconnect backoff until it succeeds (RATIONALE.md, "Fenced ingestion").
+	// ResyncPending is set from the failure until the rebuild succeeds.
+	Resyncs       uint64
+	ResyncPending bool
+	// Fenced is set when the index refused a write with kvstore.ErrFenced (another ingester took the
+	// endpoint's lease over): the Ingester has stopped applying events and its goroutine has ended.
+	Fenced bool
 	// HaveSeq says whether LastSeq is set; LastSeq is the last applied sequence number, published once that
 	// batch's updates are in the index.
 	HaveSeq bool
@@ -199,7 +212,6 @@ type Ingester struct {
 	hashes      hashTable
 	keyBuf      []kvstore.BlockKey
 	arena       arena              // decode scratch, reused batch after batch
-	batcher     kvstore.Batcher    // cfg.Index as a Batcher, or nil
 	ops         []pendingOp        // the current batch's index updates, in order
 	opKeys      []kvstore.BlockKey // their keys, back to back (op i spans ops[i].start up to ops[i+1].start)
 	updates     []kvstore.Update   // Apply scratch
@@ -211,9 +223,18 @@ type Ingester struct {
 	dupLo       uint64 // (dupLo, dupHi]: sequence numbers already applied through replay
 	dupHi       uint64
 	configNoted bool
-	instance    string    // the engine instance last seen ("" unknown)
-	unconfUntil time.Time // demoted entries may exist until then
-	replaying   bool      // inside replay (no nested replay for a corrupt batch)
+	instance    string           // the engine instance last seen ("" unknown)
+	unconfUntil time.Time        // demoted entries may exist until then
+	replaying   bool             // inside replay (no nested replay for a corrupt batch)
+	fenced      bool             // a write was refused with kvstore.ErrFenced: nothing more is written
+	writeErr    error            // the failed index write a resync must repair (nil: none pending)
+	resyncClear bool             // the failed write was a clear: the resync clears before adding
+	resyncDem   bool             // a demotion failed: the resync demotes before replaying the backlog
+	backlog     []kvstore.Update // updates not in the index since the failure, in order (copies)
+	backlogKeys int
+	overflow    bool      // the backlog outgrew maxBacklogKeys: the resync rebuilds from the map instead
+	resyncAt    time.Time // next resync attempt
+	resyncWait  time.Duration
 
 	instCh chan string // NoteInstance → the run goroutine
 
@@ -263,7 +284,6 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	batcher, _ := cfg.Index.(kvstore.Batcher)
 	var ranks []*Ingester
 	for r := range cfg.DataParallelSize {
 		if cfg.DataParallelSize < 2 {
@@ -285,13 +305,12 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		ranks = append(ranks, ri)
 	}
 	return &Ingester{
-		ranks:   ranks,
-		cfg:     cfg,
-		batcher: batcher,
-		log:     log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
-		grave:   make([]EngineHash, 0, cfg.RemovedMemory),
-		stats:   Stats{Endpoint: cfg.Endpoint},
-		instCh:  make(chan string, 1),
+		ranks:  ranks,
+		cfg:    cfg,
+		log:    log.With(slog.String("endpoint_id", string(cfg.Endpoint)), slog.String("model", cfg.Model)),
+		grave:  make([]EngineHash, 0, cfg.RemovedMemory),
+		stats:  Stats{Endpoint: cfg.Endpoint},
+		instCh: make(chan string, 1),
 	}, nil
 }
 
@@ -438,11 +457,14 @@ func (in *Ingester) run(ctx context.Context) {
 				in.instanceSeen(ctx, id)
 			}
 		}
-		if err := in.receive(ctx, sub.Recv); ctx.Err() == nil {
+		if err := in.receive(ctx, sub.Recv); ctx.Err() == nil && !in.isFenced() {
 			in.log.InfoContext(ctx, "kv events connection lost", slog.Any("err", err))
 		}
 		_ = sub.Close()
 		in.bump(func(s *Stats) { s.Connected = false })
+		if in.isFenced() {
+			return // another ingester holds the endpoint; Stats.Fenced says so
+		}
 	}
 }
 
@@ -462,6 +484,9 @@ func (in *Ingester) dial(sub zmq4.Socket) error {
 	}
 	return nil
 }
+
+// errFenced ends receive once a write was fenced off.
+var errFenced = errors.New("kvevents: ingestion fenced off")
 
 // maxQueued is the most received messages applied with one commit (one index call).
 const maxQueued = 64
@@ -490,12 +515,22 @@ func (in *Ingester) receive(ctx context.Context, recv func() (zmq4.Msg, error)) 
 		}
 	}()
 	for {
+		if in.isFenced() {
+			return errFenced
+		}
 		var msg zmq4.Msg
 		var ok bool
+		var retry <-chan time.Time
+		if at, due := in.resyncDue(); due {
+			retry = time.After(max(time.Millisecond, at.Sub(in.cfg.Now())))
+		}
 		select {
 		case msg, ok = <-msgs:
 		case id := <-in.instCh:
 			in.instanceSeen(ctx, id)
+			continue
+		case <-retry:
+			in.commit(ctx) // resyncs (the endpoint and its ranks) when nothing else arrives
 			continue
 		}
 		if !ok {
@@ -716,6 +751,11 @@ func (in *Ingester) clear(ctx context.Context, resync bool) {
 	in.commit(ctx) // what came before the clear, in order (Stats included)
 	in.forgetAll()
 	err := in.clearIndex(ctx)
+	if !in.wrote(ctx, "clear", err) {
+		in.resyncClear = true
+	} else {
+		in.dropBacklog() // the clear supersedes what was queued before it
+	}
 	in.bump(func(s *Stats) {
 		s.Clears++
 		s.Resyncing = resync
@@ -729,6 +769,9 @@ func (in *Ingester) clear(ctx context.Context, resync bool) {
 
 // clearIndex drops the endpoint's entries from the index (see clear).
 func (in *Ingester) clearIndex(ctx context.Context) error {
+	if in.fenced {
+		return nil
+	}
 	if !in.unconfUntil.IsZero() && in.cfg.Now().Before(in.unconfUntil) {
 		in.unconfUntil = time.Time{}
 		return in.cfg.Index.ClearEndpoint(ctx, in.cfg.Model, in.cfg.Endpoint)
@@ -752,7 +795,13 @@ func (in *Ingester) demote(ctx context.Context) {
 	// the keys stay so that children still resolve. Entries never confirmed again are forgotten once the
 	// demoted entries have aged out (commit).
 	in.hashes.markUnconfirmed()
-	err := d.Demote(ctx, in.cfg.Model, in.cfg.Endpoint, in.cfg.UnconfirmedTTL)
+	var err error
+	if !in.fenced {
+		err = d.Demote(ctx, in.cfg.Model, in.cfg.Endpoint, in.cfg.UnconfirmedTTL)
+		if !in.wrote(ctx, "demote", err) {
+			in.resyncDem = true
+		}
+	}
 	until := in.cfg.Now().Add(in.cfg.UnconfirmedTTL)
 	in.unconfUntil = until
 	in.bump(func(s *Stats) {
@@ -761,6 +810,144 @@ func (in *Ingester) demote(ctx context.Context) {
 		if err != nil {
 			s.IndexErrors++
 		}
+	})
+}
+
+// wrote reports whether an index write succeeded. A refused one (kvstore.ErrFenced: another ingester holds
+// the endpoint's lease now) stops the Ingester's writes; any other failure schedules a resync, logged once
+// with its cause (later failures until the resync succeeds are only counted). The first attempt waits a
+// second (retrying at once, while the store is down, added store load at every recovery).
+func (in *Ingester) wrote(ctx context.Context, op string, err error) bool {
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, kvstore.ErrFenced) {
+		if !in.fenced {
+			in.fenced = true
+			in.log.ErrorContext(ctx, "kv events ingestion fenced off: another ingester holds the endpoint now; stopping",
+				slog.String("op", op), slog.Any("err", err))
+			in.bump(func(s *Stats) { s.Fenced = true })
+		}
+		return false
+	}
+	if in.writeErr == nil {
+		in.log.WarnContext(ctx, "kv events index write failed; the endpoint will be resynced", slog.String("op", op), slog.Any("err", err))
+		in.writeErr = err
+		in.resyncWait = max(in.cfg.BackoffMin, time.Second)
+		in.resyncAt = in.cfg.Now().Add(in.resyncWait)
+		in.bump(func(s *Stats) { s.ResyncPending = true })
+	}
+	return false
+}
+
+// isFenced reports whether this Ingester or one of its ranks had a write refused.
+func (in *Ingester) isFenced() bool {
+	if in.fenced {
+		return true
+	}
+	for _, r := range in.ranks {
+		if r.fenced {
+			return true
+		}
+	}
+	return false
+}
+
+// resyncDue reports whether a resync is pending (on this Ingester or a rank), and when it is due.
+func (in *Ingester) resyncDue() (time.Time, bool) {
+	var at time.Time
+	due := false
+	if in.writeErr != nil && !in.fenced {
+		at, due = in.resyncAt, true
+	}
+	for _, r := range in.ranks {
+		if rat, ok := r.resyncDue(); ok && (!due || rat.Before(at)) {
+			at, due = rat, true
+		}
+	}
+	return at, due
+}
+
+// resyncChunk is the most keys one update of a resync carries (a Redis script runs them in one call).
+const resyncChunk = 4096
+
+// resync repairs the endpoint's entries after a failed write. Usually it sends the updates that did not
+// reach the index since the failure again, in order (set semantics make a partly applied one harmless),
+// after the demotion that failed, if one did. When the failed write was a clear, it clears again and adds
+// every block the engine-hash map holds; when the backlog outgrew maxBacklogKeys, it demotes the
+// confirmed entries (what a lost Remove left behind ages out, what the engine still holds keeps its score)
+// and adds every block the map holds, confirming them again. Nothing the engine still holds is dropped,
+// also when this fails (it is retried with backoff).
+func (in *Ingester) resync(ctx context.Context) {
+	if in.writeErr == nil || in.fenced || in.cfg.Now().Before(in.resyncAt) {
+		return
+	}
+	var err error
+	op := "demote"
+	demoted, rebuild := false, in.resyncClear || in.overflow
+	d, canDemote := in.cfg.Index.(kvstore.Demoter)
+	switch {
+	case in.resyncClear:
+		op = "clear"
+		err = in.clearIndex(ctx)
+	case (in.overflow || in.resyncDem) && canDemote:
+		err = d.Demote(ctx, in.cfg.Model, in.cfg.Endpoint, in.cfg.UnconfirmedTTL)
+		demoted = err == nil
+	}
+	var until time.Time
+	if demoted {
+		in.resyncDem = false
+		until = in.cfg.Now().Add(in.cfg.UnconfirmedTTL)
+		in.unconfUntil = until
+	}
+	if err == nil {
+		op = "apply"
+		in.resyncClear = false
+		us := in.backlog
+		if rebuild {
+			us = nil
+			for _, tier := range []kvstore.Tier{kvstore.TierGPU, kvstore.TierCPU} {
+				var keys []kvstore.BlockKey
+				in.hashes.eachHeld(tier, func(k kvstore.BlockKey) { keys = append(keys, k) })
+				for len(keys) > 0 {
+					n := min(len(keys), resyncChunk)
+					us = append(us, kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: tier, Keys: keys[:n:n]})
+					keys = keys[n:]
+				}
+			}
+		}
+		if len(us) > 0 {
+			err = in.cfg.Index.Apply(ctx, in.cfg.Model, us)
+		}
+		if err == nil {
+			in.dropBacklog()
+		}
+	}
+	in.bump(func(s *Stats) {
+		if demoted {
+			s.Demotions++
+			s.UnconfirmedUntil = until
+		}
+		if err != nil {
+			s.IndexErrors++
+		}
+	})
+	if err != nil {
+		if errors.Is(err, kvstore.ErrFenced) {
+			in.wrote(ctx, "resync "+op, err)
+			return
+		}
+		in.resyncWait = min(2*in.resyncWait, in.cfg.BackoffMax)
+		in.resyncAt = in.cfg.Now().Add(in.resyncWait)
+		in.log.DebugContext(ctx, "kv events resync failed", slog.String("op", op), slog.Any("err", err))
+		return
+	}
+	in.log.InfoContext(ctx, "kv events endpoint resynced after a failed index write", slog.Any("cause", in.writeErr),
+		slog.Int("mapped_hashes", in.hashes.len()))
+	in.writeErr = nil
+	in.bump(func(s *Stats) {
+		s.Resyncs++
+		s.ResyncPending = false
 	})
 }
 
@@ -805,6 +992,7 @@ func (in *Ingester) commit(ctx context.Context) {
 		r.commit(ctx)
 	}
 	if !in.acc.any && len(in.ops) == 0 {
+		in.resync(ctx)
 		return
 	}
 	if !in.unconfUntil.IsZero() && !in.cfg.Now().Before(in.unconfUntil) {
@@ -813,6 +1001,7 @@ func (in *Ingester) commit(ctx context.Context) {
 		in.hashes.dropUnconfirmed()
 	}
 	in.flush(ctx, &in.acc.c)
+	in.resync(ctx)
 	a := in.acc
 	in.acc = pending{}
 	in.bump(func(s *Stats) {
@@ -925,8 +1114,11 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 	case AllBlocksCleared:
 		in.flush(ctx, c) // in order: what came before the clear reaches the index first (a rare event)
 		in.forgetAll()
-		if err := in.clearIndex(ctx); err != nil {
+		if err := in.clearIndex(ctx); !in.wrote(ctx, "clear", err) {
+			in.resyncClear = true
 			c.indexErrors++
+		} else {
+			in.dropBacklog()
 		}
 		c.clears++
 		c.cleared = true
@@ -1022,8 +1214,8 @@ func (in *Ingester) dropOps() {
 	in.opKeys = in.opKeys[:0]
 }
 
-// flush sends the queued updates (of the batches since the last commit) in order: one Batcher.Apply (one
-// pipelined round trip on Redis), or one Add / Remove call per update when the index is not a Batcher.
+// flush sends the queued updates (of the batches since the last commit) in order: one Index.Apply (one
+// pipelined round trip on Redis). Nothing is sent once a write was fenced off.
 func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
 	defer in.dropOps()
 	in.updates = in.updates[:0]
@@ -1042,30 +1234,45 @@ func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
 		}
 		in.updates = append(in.updates, u)
 	}
-	if len(in.updates) == 0 {
+	if len(in.updates) == 0 || in.fenced {
 		return
 	}
-	if in.batcher != nil {
-		if err := in.batcher.Apply(ctx, in.cfg.Model, in.updates); err != nil {
-			c.indexErrors++
-		} else {
-			c.blocks += uint64(added)
-		}
+	if in.writeErr != nil { // a resync is pending: these wait behind the failed ones, in order
+		in.queueBacklog(in.updates)
 		return
 	}
-	for _, u := range in.updates {
-		if u.Remove {
-			if err := in.cfg.Index.Remove(ctx, in.cfg.Model, u.Endpoint, u.Tier, u.Keys); err != nil {
-				c.indexErrors++
-			}
-			continue
-		}
-		if err := in.cfg.Index.Add(ctx, in.cfg.Model, u.Endpoint, u.Tier, u.Keys); err != nil {
-			c.indexErrors++
-		} else {
-			c.blocks += uint64(len(u.Keys))
-		}
+	if err := in.cfg.Index.Apply(ctx, in.cfg.Model, in.updates); in.wrote(ctx, "apply", err) {
+		c.blocks += uint64(added)
+	} else {
+		c.indexErrors++
+		in.queueBacklog(in.updates)
 	}
+}
+
+// maxBacklogKeys bounds the keys of updates kept for a resync; beyond it the resync rebuilds from the
+// engine-hash map.
+const maxBacklogKeys = 1 << 16
+
+// queueBacklog keeps copies of us for the pending resync.
+func (in *Ingester) queueBacklog(us []kvstore.Update) {
+	if in.overflow || in.fenced {
+		return
+	}
+	for _, u := range us {
+		in.backlogKeys += len(u.Keys)
+		if in.backlogKeys > maxBacklogKeys {
+			in.dropBacklog()
+			in.overflow = true
+			return
+		}
+		u.Keys = slices.Clone(u.Keys)
+		in.backlog = append(in.backlog, u)
+	}
+}
+
+// dropBacklog forgets the queued updates.
+func (in *Ingester) dropBacklog() {
+	in.backlog, in.backlogKeys, in.overflow = nil, 0, false
 }
 
 // cacheSalt finds the cache salt of a chain's first block: SGLang's metadata.cache_salt, or the last string
