@@ -88,6 +88,26 @@ func (l *ledger) add(c *Claim) {
 	l.mu.Unlock()
 }
 
+// addGranted counts c, a claim the store granted on one of cands, unless the router has since gone to
+// store-down routing (up reports false, read under the ledger's lock) or checked (the recovery grace) and c
+// does not fit its endpoint's store-down cap beside the claims counted meanwhile; it reports whether c is
+// counted. The store's answer can arrive after the store failed and after store-down reservations (which
+// never wait on the store) filled this gateway's cap: counting the grant then without the check put one
+// request more on the engine than the caps allow (TestGrantAfterOutageOnset).
+func (l *ledger) addGranted(c *Claim, cands []kvstore.Candidate, checked bool, up func() bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if checked || !up() {
+		for _, cd := range cands {
+			if cd.Endpoint == c.ep && !l.fitsLocked(cd, c.cost) {
+				return false
+			}
+		}
+	}
+	l.addLocked(c)
+	return true
+}
+
 // remove stops counting c; it reports false when c was not counted.
 func (l *ledger) remove(c *Claim) bool {
 	l.mu.Lock()

@@ -709,7 +709,13 @@ func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, co
 			cancel()
 			if err == nil {
 				cl = &Claim{ep: l.Endpoint, cost: cost, lease: l, onStore: true, epoch: r.currentEpoch()}
-				r.led.add(cl)
+				if !r.led.addGranted(cl, cands, grace, r.storeUp) {
+					// The store failed while its grant was on its way: the store-down reservations made
+					// since did not see this claim, and it does not fit beside them. Give the lease back
+					// and wait like any request over the cap.
+					r.dropLease(l, cl.epoch)
+					cl, err = nil, kvstore.ErrNoCapacity
+				}
 			}
 		}
 		if grace {
@@ -873,6 +879,20 @@ func (r *Router) Release(c *Claim) {
 		if r.storeError("release", err) {
 			r.deferRelease(l, epoch) // retried when the store answers again
 		}
+	}
+}
+
+// dropLease gives back a store lease that no claim holds: at once while the store is up, else when it
+// answers again in the same epoch (deferRelease).
+func (r *Router) dropLease(l kvstore.Lease, epoch string) {
+	if !r.storeUp() {
+		r.deferRelease(l, epoch)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.StoreTimeout)
+	defer cancel()
+	if err := r.o.Reservations.Release(ctx, l); err != nil && r.storeError("release", err) {
+		r.deferRelease(l, epoch)
 	}
 }
 
