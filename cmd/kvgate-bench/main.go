@@ -1,5 +1,5 @@
 // Command kvgate-bench is kvgate's workload generator and report. It starts real processes (enginesim,
-// `kvgate serve`, redis-server) through tests/harness, writes their gateway configs with gateway/config's
+// `kvgate serve`, redis-server) through cmd/kvgate-bench/harness, writes their gateway configs with gateway/config's
 // own types (optionally starting from the user's --config file), and measures:
 //
 //   - overhead: the latency and CPU the gateway adds per request against calling the simulator directly, in
@@ -32,8 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/tests/harness"
 )
 
 // options are the command-line flags.

@@ -7,8 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/tests/harness"
 )
 
 // Overhead targets of issue 6 (memory store, prefix seen before).

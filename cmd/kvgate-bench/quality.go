@@ -14,9 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/tests/harness"
 )
 
 // Shared-prefix workload shape: groups of users share a system prompt; engines have small GPU caches so a

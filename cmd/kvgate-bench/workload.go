@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/tests/harness"
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 )
 
 func numCPU() int { return runtime.NumCPU() }

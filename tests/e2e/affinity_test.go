@@ -9,7 +9,7 @@ import (
 
 	"github.com/openai/openai-go"
 
-	"github.com/kvgate/kvgate/tests/harness"
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 )
 
 // conversations runs n two-turn conversations (3 at a time) through c and returns how many second turns

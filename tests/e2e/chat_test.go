@@ -12,7 +12,7 @@ import (
 	"github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
-	"github.com/kvgate/kvgate/tests/harness"
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 )
 
 // The official client gets complete answers through the gateway, streamed and not; the usage the engine

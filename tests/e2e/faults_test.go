@@ -11,7 +11,7 @@ import (
 	"github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
-	"github.com/kvgate/kvgate/tests/harness"
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 )
 
 // stepsPerSecond is how many decode steps a real-time (--time-scale 1) simulator with its default timing

@@ -12,8 +12,8 @@ import (
 	"github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/tests/harness"
 )
 
 const model = harness.DefaultModel

@@ -13,10 +13,10 @@ import (
 
 	"github.com/openai/openai-go"
 
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/kvstore/redistest"
-	"github.com/kvgate/kvgate/tests/harness"
 )
 
 // Three gateways, one redis-server and four engines under concurrent load:

@@ -11,7 +11,7 @@ import (
 
 	"github.com/openai/openai-go"
 
-	"github.com/kvgate/kvgate/tests/harness"
+	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 )
 
 // 50 users share one system prompt and send at once: the engines report cached prompt tokens totalling at
