@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a single server on a free loopback port
 // (Start) and a Redis Cluster of N masters (StartCluster). Servers run with persistence off and are killed
 // when the test ends. When redis-server is not on PATH the test is skipped, or fails when the environment
-// variable CI is "true" (tests/testenv.Command).
+// variable CI is "true" (the rule of tests/testenv.Command).
 package redistest
 
 import (
@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/kvgate/kvgate/tests/testenv"
 )
 
 // Server is one redis-server process on 127.0.0.1.
@@ -37,9 +35,19 @@ type Server struct {
 	done chan struct{} // closed when cmd has exited
 }
 
+// redisBinary returns the path of name on PATH. When it is missing the test is skipped, or fails when the
+// environment variable CI is "true" (.ci/run sets it after installing redis-server): the same rule as
+// tests/testenv.Command, kept here so that this public helper does not import tests/.
 func redisBinary(t testing.TB, name string) string {
 	t.Helper()
-	return testenv.Command(t, name)
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redistest: %s not found on PATH: %v (required when CI=true)", name, err)
+		}
+		t.Skipf("redistest: %s not found on PATH: %v", name, err)
+	}
+	return p
 }
 
 func freePort(t testing.TB) int {
