@@ -27,6 +27,27 @@ func TestRedisCluster(t *testing.T) {
 			return r
 		})
 	})
+	t.Run("GuardedIndex", func(t *testing.T) {
+		conformance.RunIndex(t, func(t *testing.T) kvstore.Index {
+			g, _ := redisGuard(t, cl.Addrs[0], true, freshPrefix(), conformanceGuard)
+			return g
+		})
+	})
+	t.Run("GuardedReservations", func(t *testing.T) {
+		conformance.RunReservations(t, func(t *testing.T) kvstore.Reservations {
+			g, _ := redisGuard(t, cl.Addrs[0], true, freshPrefix(), conformanceGuard)
+			return g
+		})
+	})
+	t.Run("GuardedHammerThreeGateways", func(t *testing.T) {
+		prefix := freshPrefix()
+		var handles []kvstore.Reservations
+		for range 3 {
+			g, _ := redisGuard(t, cl.Addrs[0], true, prefix, conformanceGuard)
+			handles = append(handles, g)
+		}
+		conformance.HammerReservations(t, handles)
+	})
 	t.Run("Store", func(t *testing.T) {
 		conformance.RunBlobsAndLeases(t, func(t *testing.T) *kvstore.Store {
 			s, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Cluster: true, Addrs: cl.Addrs[:1], Prefix: freshPrefix()})

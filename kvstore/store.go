@@ -49,14 +49,19 @@ type Store struct {
 	// Policies is the fleet's policy state: activation stacks, unload, serving reports, re-seeding (the
 	// same value as Blobs).
 	Policies Policies
-	// Redis is the underlying client (nil for memory), for health details and tests.
+	// Redis is the underlying client (nil for memory), for health details and tests. Its command errors
+	// are classified: ErrUnavailable when Redis cannot serve (RedisUnavailable).
 	Redis redis.UniversalClient
+	// Epoch is the Redis store's epoch marker and connection check (nil for memory): Guarded's Remote.
+	Epoch *RedisEpoch
 	// StartErr is the failed first ping of a store opened with StoreConfig.AllowUnreachable (nil: it answered).
 	StartErr error
 }
 
 // OpenStore builds the Store cfg describes. For Redis it pings the server once, returning the error if
 // Redis is unreachable within ctx (unless cfg.AllowUnreachable); the client reconnects by itself afterwards.
+// Errors of a Redis that cannot serve are ErrUnavailable (ClassifyRedisErrors); on a standalone Redis every
+// new connection is checked against the expected epoch (RedisEpoch).
 // Redis calls honour their context's deadline (go-redis ContextTimeoutEnabled), so a caller's deadline
 // bounds a call to a hung server. Close releases it.
 func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
@@ -78,6 +83,10 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, fmt.Errorf("kvstore: redis store without addrs: %w", ErrInvalidArgument)
 	}
+	ep, err := NewRedisEpoch(nil, RedisConfig{Prefix: cfg.Prefix})
+	if err != nil {
+		return nil, err
+	}
 	var c redis.UniversalClient
 	if cfg.Cluster {
 		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password,
@@ -87,8 +96,10 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 			return nil, fmt.Errorf("kvstore: %d redis addrs without cluster: %w", len(cfg.Addrs), ErrInvalidArgument)
 		}
 		c = redis.NewClient(&redis.Options{Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, DB: cfg.DB,
-			ContextTimeoutEnabled: true})
+			ContextTimeoutEnabled: true, OnConnect: ep.checkConn})
 	}
+	ep.c = c
+	ClassifyRedisErrors(c)
 	rc := RedisConfig{Prefix: cfg.Prefix}
 	idx, err1 := NewRedisIndex(c, RedisConfig{Prefix: cfg.Prefix, MaxEntriesPerEndpoint: cfg.MaxKeysPerEndpoint})
 	res, err2 := NewRedisReservations(c, rc)
@@ -97,7 +108,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Redis: c}
+	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Redis: c, Epoch: ep}
 	if err := s.Ping(ctx); err != nil {
 		if cfg.AllowUnreachable {
 			s.StartErr = err
