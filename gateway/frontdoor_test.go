@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/server"
 )
 
 func openaiParse(body string) (*openai.Request, error) {
@@ -474,7 +475,7 @@ func TestBatchCompletionsReserveEverySequence(t *testing.T) {
 	}
 	// Every prompt's tokens are reserved, not only the first's.
 	req, _ := openaiParse(`{"model":"qwen3","max_tokens":4,"prompt":["a b c d e f g h","a b c d e f g h","a b c d e f g h"]}`)
-	plan, err := g.Router().Plan(context.Background(), g.models["qwen3"].Model, "", req, nil)
+	plan, err := g.Router().Plan(context.Background(), g.models["qwen3"].Model, "", server.RouteRequest(req), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,8 +554,8 @@ func TestStalledReaderIsDisconnected(t *testing.T) {
 	case <-time.After(8 * time.Second):
 		t.Fatal("the engine kept streaming to a client that reads nothing")
 	}
-	if !waitFor(2*time.Second, func() bool { return g.Router().StoreStatus().OwnInFlight == 0 }) {
-		t.Fatalf("lease not released: %d in flight", g.Router().StoreStatus().OwnInFlight)
+	if !waitFor(2*time.Second, func() bool { return g.StoreStatus().OwnInFlight == 0 }) {
+		t.Fatalf("lease not released: %d in flight", g.StoreStatus().OwnInFlight)
 	}
 	if v := scrapeMetric(t, "http://"+g.Addr()+"/metrics", `kvgate_client_disconnects_total{model="qwen3",stream="true"}`); v != 1 {
 		t.Errorf("stream client disconnects counted: %v, want 1", v)

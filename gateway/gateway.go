@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -49,13 +49,16 @@ type Options struct {
 
 // Gateway is one running gateway: its server, router, store, policy host and event ingesters.
 type Gateway struct {
-	cfg       *config.Config
-	log       *slog.Logger
-	ln        net.Listener
-	srv       *server.Server
-	router    *route.Router
-	host      *plugins.Host
-	store     *kvstore.Store
+	cfg    *config.Config
+	log    *slog.Logger
+	ln     net.Listener
+	srv    *server.Server
+	router *route.Router
+	host   *plugins.Host
+	store  *kvstore.Store
+	// guard is the store's failure handling (ledger, store-down caps, recovery, epoch) over its index and
+	// reservations: the router's store.
+	guard     *kvstore.Guarded
 	index     kvstore.Index
 	res       kvstore.Reservations
 	holder    string // this gateway's lease holder ID
@@ -124,12 +127,6 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	g.store = st
 	g.index, g.res = st.Index, st.Reservations
-	var pinger route.Pinger
-	var epocher route.Epocher
-	if st.Redis != nil {
-		pinger = st
-		epocher = redisEpoch{st.Redis}
-	}
 	if st.Redis != nil {
 		if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{}); err != nil {
 			return nil, fmt.Errorf("gateway: tpu allocator: %w", err)
@@ -218,15 +215,15 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		}
 	}
 	g.eps = endpoints.NewSet(all, up.HTTP(), cfg.ScrapeInterval, log)
-	var routerRef atomic.Pointer[route.Router]
+	var guardRef atomic.Pointer[kvstore.Guarded]
 	g.eps.OnScrape(func(id string, l endpoints.Load) {
 		if l.StartTime != 0 {
 			g.noteStartTime(id, l.StartTime)
 		}
-		if rt := routerRef.Load(); rt != nil {
+		if gd := guardRef.Load(); gd != nil {
 			n := float64(ranks[id])
 			for _, rid := range route.RankIDs(id, ranks[id]) { // each rank's share of the engine's load
-				rt.NoteLoad(string(rid), l.Running/n, l.Waiting/n, l.Scraped)
+				gd.NoteLoad(rid, int64(math.Ceil((l.Running+l.Waiting)/n)), l.Scraped)
 			}
 		}
 	})
@@ -253,23 +250,45 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	g.registerIngestMetrics()
 
-	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.index, Reservations: g.res, Pinger: pinger, Epocher: epocher,
-		StoreDownLimitShare: cfg.StoreDownLimitShare, SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
-		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
-		Metrics: g.metrics, Log: log, StoreTimeout: cfg.StoreTimeout, HitTTL: cfg.IndexUnconfirmedTTL,
-		OnsetHold: 2*cfg.ScrapeInterval + 100*time.Millisecond})
-	routerRef.Store(g.router)
-	if c, ok := st.Redis.(*redis.Client); ok {
-		// A standalone Redis that restarted empty is refused on every new connection until the router has
-		// recovered onto it (gateway/RATIONALE.md); a cluster relies on the router's periodic epoch check.
-		rt := g.router
-		c.AddHook(epochGuard{password: o.Secrets.StorePassword, db: cfg.Store.DB, timeout: 2 * time.Second,
-			expect: rt.StoreEpoch})
+	// The store owns its failure handling (kvstore.Guarded); the router only sees a store that answers,
+	// refuses, or is unavailable.
+	var remote kvstore.Remote
+	if st.Epoch != nil {
+		remote = st.Epoch
 	}
+	g.guard = kvstore.NewGuarded(kvstore.GuardConfig{Reservations: st.Reservations, Index: st.Index, Remote: remote,
+		DownLimitShare: cfg.StoreDownLimitShare, Timeout: cfg.StoreTimeout,
+		OnsetHold: 2*cfg.ScrapeInterval + 100*time.Millisecond, Log: log,
+		Endpoints: func() []kvstore.EndpointID {
+			var ids []kvstore.EndpointID
+			for _, e := range g.eps.Endpoints() {
+				ids = append(ids, route.RankIDs(e.ID, e.DataParallelSize)...)
+			}
+			return ids
+		},
+		OnError: func(op string, _ error, _ bool) { g.metrics.StoreErrors.WithLabelValues(op).Inc() },
+		OnDown: func(down bool) {
+			if down {
+				g.metrics.StoreDown.Set(1)
+			} else {
+				g.metrics.StoreDown.Set(0)
+			}
+		},
+		OnEpochChange: g.storeRestartedEmpty})
+	guardRef.Store(g.guard)
+	if st.Epoch != nil {
+		// A standalone Redis that restarted empty is refused on every new connection until the guard has
+		// recovered onto it (kvstore.RedisEpoch); a cluster relies on the guard's periodic epoch check.
+		st.Epoch.Expect(g.guard.ExpectedEpoch)
+	}
+	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.guard, Reservations: g.guard,
+		SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
+		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
+		Metrics: g.metrics, Log: log, HitTTL: cfg.IndexUnconfirmedTTL})
 
 	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
 		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
-		EngineBody: g.tokens.engineBody})
+		EngineBody: g.tokens.engineBody, Store: g.guard.Status})
 
 	ln := o.Listener
 	if ln == nil {
@@ -369,7 +388,10 @@ func (g *Gateway) Host() *plugins.Host { return g.host }
 // Metrics returns the gateway's metrics.
 func (g *Gateway) Metrics() *metrics.Metrics { return g.metrics }
 
-// Reservations returns the store's reservations (nil when none).
+// StoreStatus returns the store's state as its guard sees it (/readyz "store").
+func (g *Gateway) StoreStatus() kvstore.GuardStatus { return g.guard.Status() }
+
+// Reservations returns the store's own reservations (the fleet's counters, without this gateway's guard).
 func (g *Gateway) Reservations() kvstore.Reservations { return g.res }
 
 // TPU returns the TPU slice allocator on the gateway's store.
@@ -407,8 +429,8 @@ func (g *Gateway) Close(ctx context.Context) error {
 		g.cancel()
 	}
 	g.wg.Wait() // ingesters close and release their leases as runIngestion returns
-	if g.router != nil {
-		g.router.Close()
+	if g.guard != nil {
+		g.guard.Close()
 	}
 	if g.host != nil {
 		errs = append(errs, g.host.Close(ctx))

@@ -243,13 +243,13 @@ func TestHungRedisDegradesQuickly(t *testing.T) {
 		t.Fatalf("a request took %v while Redis was paused, want at most %v", worst, base+2*storeTimeout)
 	}
 	for i, g := range gws {
-		if !g.Router().StoreStatus().Down {
+		if !g.StoreStatus().Down {
 			t.Fatalf("gateway %d did not switch to store-down routing", i)
 		}
 	}
 	rs.Resume()
 	for i, g := range gws {
-		if !waitFor(10*time.Second, func() bool { return !g.Router().StoreStatus().Down }) {
+		if !waitFor(10*time.Second, func() bool { return !g.StoreStatus().Down }) {
 			t.Fatalf("gateway %d never saw the store again", i)
 		}
 	}
@@ -342,7 +342,7 @@ func TestOutageOnsetCapsHold(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		rs.Restart()
 		for i, g := range gws {
-			if !waitFor(10*time.Second, func() bool { return !g.Router().StoreStatus().Down }) {
+			if !waitFor(10*time.Second, func() bool { return !g.StoreStatus().Down }) {
 				t.Fatalf("outage %d: gateway %d never saw the store again", o, i)
 			}
 		}

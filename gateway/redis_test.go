@@ -168,7 +168,7 @@ func TestTwoGatewaysOnRedis(t *testing.T) {
 	restartAt := time.Now()
 	rs.Restart()
 	t.Logf("redis restarted in %v", time.Since(restartAt))
-	if !waitFor(5*time.Second, func() bool { return !b.Router().StoreStatus().Down }) {
+	if !waitFor(5*time.Second, func() bool { return !b.StoreStatus().Down }) {
 		t.Fatal("b never saw the store again")
 	}
 	st, h, _ = post(t, "http://"+b.Addr()+"/v1/chat/completions", body("back"))
@@ -217,8 +217,8 @@ func TestGatewayOnRedisCluster(t *testing.T) {
 			t.Fatalf("%d %s want %s", st, h.Get("x-kvgate-endpoint"), ep)
 		}
 	}
-	if g.Router().StoreStatus().Down {
-		t.Fatalf("store down: %+v", g.Router().StoreStatus())
+	if g.StoreStatus().Down {
+		t.Fatalf("store down: %+v", g.StoreStatus())
 	}
 	// A module uploaded to the store can be named in another gateway's config.
 	req, _ := http.NewRequest(http.MethodPut, "http://"+g.Addr()+"/admin/v1/policies/tt4", strings.NewReader(string(plugins.BuiltinWasm)))

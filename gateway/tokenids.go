@@ -57,8 +57,7 @@ func (t *tokenIDs) start(ctx, run context.Context, g *Gateway) {
 // engineBody is server.Options.EngineBody: completions as upstream.Body builds them; chat with its token
 // IDs in the endpoint's chat_token_ids field while the drift guard allows it, else the client's body,
 // counted by reason in kvgate_token_ids_skipped_total.
-func (t *tokenIDs) engineBody(p *route.Plan, c route.Candidate, body []byte) ([]byte, error) {
-	req := p.Request
+func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candidate, body []byte) ([]byte, error) {
 	if req.API != openai.Chat {
 		return upstream.Body(c.Engine, req, body, p.IDs)
 	}

@@ -131,7 +131,7 @@ func TestStoreRefusalIsNotAnOutage(t *testing.T) {
 	if down, loadOnly := readyStore(t, g); down || loadOnly != 0 {
 		t.Fatalf("store down %v, load-only requests %d after refused records", down, loadOnly)
 	}
-	if g.Router().StoreStatus().Down {
+	if g.StoreStatus().Down {
 		t.Fatal("router reports the memory store down")
 	}
 }

@@ -34,6 +34,7 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/server"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/plugins/threetier"
@@ -525,13 +526,9 @@ func (a *API) explain(c *fiber.Ctx) error {
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), 5*time.Second)
 	defer cancel()
-	p, err := a.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
+	p, err := a.Router.Plan(ctx, sm.Model, sm.LoRA, server.RouteRequest(req), body)
 	if err != nil {
-		var oe *openai.Error
-		if errors.As(err, &oe) {
-			return fail(c, oe)
-		}
-		return fail(c, openai.Errorf(500, "server_error", "", "", "%v", err))
+		return fail(c, server.RouteError(req.Model, err))
 	}
 	out := ExplainResponse{Model: sm.Model.Name, LoRA: sm.LoRA, API: api.String(), PromptTokens: len(p.IDs),
 		BlockSize: sm.Model.BlockSize, Blocks: len(p.Keys), Policy: p.Info.Policy, Fallback: p.Info.Fallback,

@@ -2,30 +2,35 @@ package route
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
-	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/upstream"
 )
 
-// chatError turns an Encoder.EncodeChat error into the client's 400, worded for the client: without the
+// badRequest is a RequestError without a code.
+func badRequest(param, format string, a ...any) *RequestError {
+	return &RequestError{Param: param, Message: fmt.Sprintf(format, a...)}
+}
+
+// chatError turns an Encoder.EncodeChat error into the client's RequestError, worded for the client: without the
 // gateway's package prefixes ("chattemplate: request: ..."), with the offending JSON path as param when the
 // request was malformed, and a template's own raise_exception text as vLLM returns it.
-func chatError(err error) *openai.Error {
+func chatError(err error) *RequestError {
 	if re, ok := errors.AsType[*chattemplate.RequestError](err); ok {
 		if re.Path == "" {
-			return openai.BadRequest("messages", "%s", re.Message)
+			return badRequest("messages", "%s", re.Message)
 		}
-		return openai.BadRequest(re.Path, "%s: %s", re.Path, re.Message)
+		return badRequest(re.Path, "%s: %s", re.Path, re.Message)
 	}
 	if re, ok := errors.AsType[*chattemplate.RenderError](err); ok {
-		return openai.BadRequest("messages", "%s", re.Message)
+		return badRequest("messages", "%s", re.Message)
 	}
 	if errors.Is(err, chattemplate.ErrNoTemplate) {
-		return openai.BadRequest("messages", "This model has no chat template; use /v1/completions.")
+		return badRequest("messages", "This model has no chat template; use /v1/completions.")
 	}
-	return openai.BadRequest("messages", "%s", clientText(err))
+	return badRequest("messages", "%s", clientText(err))
 }
 
 // internalPrefixes are the "pkg: op: " prefixes the gateway's own packages put on errors.
@@ -46,17 +51,17 @@ func clientText(err error) string {
 	return s
 }
 
-// promptTooLong is the 400 for a prompt of n tokens over the model's MaxPromptTokens, or nil.
-func promptTooLong(m *Model, req *openai.Request, n int) *openai.Error {
+// promptTooLong is the RequestError for a prompt of n tokens over the model's MaxPromptTokens, or nil.
+func promptTooLong(m *Model, req Request, n int) *RequestError {
 	if m.MaxPromptTokens <= 0 || n <= m.MaxPromptTokens {
 		return nil
 	}
 	param := "messages"
-	if req.API == openai.Completions {
+	if !req.Chat {
 		param = "prompt"
 	}
-	return openai.Errorf(400, "invalid_request_error", param, "prompt_too_long",
-		"This model's maximum prompt length is %d tokens; the prompt has %d tokens.", m.MaxPromptTokens, n)
+	return &RequestError{Param: param, Code: "prompt_too_long", Message: fmt.Sprintf(
+		"This model's maximum prompt length is %d tokens; the prompt has %d tokens.", m.MaxPromptTokens, n)}
 }
 
 // unrenderable returns the upstream.Skip* reason when a chat render error means the gateway cannot

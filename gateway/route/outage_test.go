@@ -4,91 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
-
-func TestCapOf(t *testing.T) {
-	for _, c := range []struct {
-		name                  string
-		limit                 int64
-		share                 float64
-		own0, others0, expect int64
-	}{
-		{name: "idle fleet: the share", limit: 6, share: 0.34, expect: 2},
-		{name: "share rounds down", limit: 2, share: 0.34, expect: 0},
-		{name: "unlimited", limit: 0, share: 0.34, own0: 5, expect: -1},
-		{name: "full fleet, own above share: the share", limit: 6, share: 0.34, own0: 4, others0: 2, expect: 2},
-		{name: "full fleet, own below share: only own", limit: 6, share: 0.34, own0: 1, others0: 5, expect: 1},
-		{name: "full fleet, own none: nothing", limit: 6, share: 0.34, others0: 6, expect: 0},
-		{name: "two free: share of them rounds to 0", limit: 6, share: 0.34, own0: 0, others0: 4, expect: 0},
-		{name: "three free: one of them", limit: 6, share: 0.34, own0: 1, others0: 2, expect: 2},
-		{name: "large limit", limit: 100, share: 0.34, own0: 10, others0: 50, expect: 23},
-		{name: "counters over the limit", limit: 6, share: 0.5, own0: 2, others0: 9, expect: 2},
-	} {
-		if got := capOf(c.limit, c.share, c.own0, c.others0); got != c.expect {
-			t.Errorf("%s: capOf(%d, %v, %d, %d) = %d, want %d", c.name, c.limit, c.share, c.own0, c.others0, got, c.expect)
-		}
-	}
-}
-
-// The store-down rule keeps any fleet of gateways within the limit, whatever each held when the store went
-// down: every gateway ends up holding at most max(what it held, its cap), and those add up to at most the
-// limit (with N × share ≤ 1, or the share rounding down enough). Exhaustive over the holdings of 3 and 4
-// gateways.
-func TestCapSumWithinLimit(t *testing.T) {
-	for _, tc := range []struct {
-		n     int
-		share float64
-	}{{3, 0.34}, {3, 1.0 / 3}, {4, 0.25}, {2, 0.5}} {
-		for limit := int64(1); limit <= 14; limit++ {
-			h := make([]int64, tc.n)
-			var walk func(i int, left int64)
-			walk = func(i int, left int64) {
-				if i == tc.n {
-					var fleet, sum int64
-					for _, v := range h {
-						fleet += v
-					}
-					for _, v := range h {
-						sum += max(v, capOf(limit, tc.share, v, fleet-v))
-					}
-					if sum > limit {
-						t.Fatalf("n %d share %v limit %d holdings %v: the fleet may run %d", tc.n, tc.share, limit, h, sum)
-					}
-					return
-				}
-				for v := int64(0); v <= left; v++ {
-					h[i] = v
-					walk(i+1, left-v)
-				}
-			}
-			walk(0, limit)
-		}
-	}
-}
-
-// runIDEpoch is an Epocher reading redis-server's run_id (INFO server), which changes on every restart.
-type runIDEpoch struct{ st *kvstore.Store }
-
-func (e runIDEpoch) Epoch(ctx context.Context) (string, error) {
-	info, err := e.st.Redis.Info(ctx, "server").Result()
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-			return v, nil
-		}
-	}
-	return "", errors.New("no run_id in INFO server")
-}
 
 // fleet is several routers sharing one redis-server, each on its own client, serving one endpoint, and the
 // requests they hold open (what the engine would be running).
@@ -96,7 +18,9 @@ type fleet struct {
 	t       *testing.T
 	limit   int64
 	routers []*Router
+	guards  []*kvstore.Guarded
 	stores  []*kvstore.Store
+	counts  kvstore.Reservations // a client of its own (no epoch check), for the store's counts
 	model   *Model
 	mu      sync.Mutex
 	held    [][]*Claim
@@ -106,18 +30,25 @@ func newFleet(t *testing.T, addr string, n int, limit int64) *fleet {
 	eps := fakeEngines(t, 1)
 	eps[0].Limits = kvstore.Limits{MaxRequests: limit, MaxTokens: 1 << 30}
 	f := &fleet{t: t, limit: limit, held: make([][]*Claim, n)}
+	counts, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Addrs: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { counts.Close() })
+	f.counts = counts.Reservations
 	for range n {
 		st, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Addrs: []string{addr}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		r, m := newRouter(t, eps, st.Index, st.Reservations, st, func(o *Options) {
-			o.StoreDownLimitShare = 0.34
-			o.Epocher = runIDEpoch{st}
+		g := guarded(t, st.Reservations, st.Index, st.Epoch, 0.34, func(o *kvstore.GuardConfig) {
 			o.RecoveryGrace = 300 * time.Millisecond
+			o.Endpoints = func() []kvstore.EndpointID { return []kvstore.EndpointID{"e0"} }
 		})
-		f.routers, f.stores, f.model = append(f.routers, r), append(f.stores, st), m
+		st.Epoch.Expect(g.ExpectedEpoch)
+		r, m := newRouter(t, eps, g, g)
+		f.routers, f.guards, f.stores, f.model = append(f.routers, r), append(f.guards, g), append(f.stores, st), m
 	}
 	return f
 }
@@ -127,14 +58,16 @@ var outageBody = []byte(`{"model":"qwen3","max_tokens":4,"messages":[{"role":"us
 // take asks router g for one request; it reports whether the request got a claim (it then stays held).
 func (f *fleet) take(g int) bool {
 	f.t.Helper()
-	req, _ := openai.ParseRequest(openai.Chat, outageBody)
+	req, err := parseChat(outageBody)
+	if err != nil {
+		f.t.Fatal(err)
+	}
 	p, err := f.routers[g].Plan(context.Background(), f.model, "", req, outageBody)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	c, err := f.routers[g].Reserve(context.Background(), p, nil)
-	var oe *openai.Error
-	if errors.As(err, &oe) && oe.Status == 429 {
+	if errors.Is(err, ErrQueueTimeout) {
 		return false
 	}
 	if err != nil {
@@ -194,7 +127,7 @@ func (f *fleet) perGateway() []int {
 // storeCount is the endpoint's in-flight request count on the store.
 func (f *fleet) storeCount() int64 {
 	f.t.Helper()
-	m, err := f.stores[0].Reservations.InFlight(context.Background(), []kvstore.EndpointID{"e0"})
+	m, err := f.counts.InFlight(context.Background(), []kvstore.EndpointID{"e0"})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -204,9 +137,9 @@ func (f *fleet) storeCount() int64 {
 func (f *fleet) waitAllUp() {
 	f.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for _, r := range f.routers {
+	for _, g := range f.guards {
 		for {
-			st := r.StoreStatus()
+			st := g.Status()
 			if !st.Down && !st.Recovering {
 				break
 			}
@@ -221,8 +154,8 @@ func (f *fleet) waitAllUp() {
 func (f *fleet) waitAllDown() {
 	f.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for _, r := range f.routers {
-		for !r.StoreStatus().Down {
+	for _, g := range f.guards {
+		for !g.Status().Down {
 			if time.Now().After(deadline) {
 				f.t.Fatal("router never noticed the store outage")
 			}
@@ -328,8 +261,8 @@ func TestRedisRestartKeepsInFlightLimit(t *testing.T) {
 	if n := f.storeCount(); n != 0 {
 		t.Fatalf("every request ended, the store still counts %d", n)
 	}
-	for g, r := range f.routers {
-		if st := r.StoreStatus(); st.OwnInFlight != 0 || st.LocalInFlight != 0 {
+	for g, gd := range f.guards {
+		if st := gd.Status(); st.OwnInFlight != 0 || st.LocalInFlight != 0 {
 			t.Fatalf("g%d: %+v", g, st)
 		}
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 )
@@ -32,7 +31,7 @@ func (c *countingEncoder) EncodeChatRequest(r *chattemplate.Request) (string, []
 // same IDs and the same client errors as the body path.
 func TestPlanUsesParsedChat(t *testing.T) {
 	eps := fakeEngines(t, 2)
-	r, m := newRouter(t, eps, kvstore.NewMemoryIndex(kvstore.MemoryConfig{}), kvstore.NewMemoryReservations(nil), nil)
+	r, m := newRouter(t, eps, kvstore.NewMemoryIndex(kvstore.MemoryConfig{}), kvstore.NewMemoryReservations(nil))
 	enc := &countingEncoder{Model: m.Encoder.(*model.Model)}
 	parsed := *m
 	parsed.Encoder = enc
@@ -45,7 +44,7 @@ func TestPlanUsesParsedChat(t *testing.T) {
 		`{"model":"qwen3","messages":[{"content":"no role"}]}`,
 		`{"model":"qwen3","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,
 	} {
-		req, err := openai.ParseRequest(openai.Chat, []byte(body))
+		req, err := parseChat([]byte(body))
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -54,15 +53,15 @@ func TestPlanUsesParsedChat(t *testing.T) {
 		if enc.parsed != before+1 {
 			t.Fatalf("%s: the parsed request was not used", body)
 		}
-		req2, _ := openai.ParseRequest(openai.Chat, []byte(body))
+		req2, _ := parseChat([]byte(body))
 		p2, err2 := r.Plan(context.Background(), &plain, "", req2, []byte(body))
 		if (err1 == nil) != (err2 == nil) {
 			t.Fatalf("%s: parsed %v, body %v", body, err1, err2)
 		}
 		if err1 != nil {
-			o1, _ := errors.AsType[*openai.Error](err1)
-			o2, _ := errors.AsType[*openai.Error](err2)
-			if o1 == nil || o2 == nil || o1.Status != 400 || *o1 != *o2 {
+			o1, _ := errors.AsType[*RequestError](err1)
+			o2, _ := errors.AsType[*RequestError](err2)
+			if o1 == nil || o2 == nil || *o1 != *o2 {
 				t.Fatalf("%s: parsed %v, body %v", body, err1, err2)
 			}
 			continue

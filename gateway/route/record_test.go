@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/kvstore"
 )
 
@@ -30,9 +29,9 @@ func TestRecordSkipsMatchedPrefixWithEvents(t *testing.T) {
 		eps := fakeEngines(t, 1)
 		eps[0].Events = events
 		idx := recordingIndex{kvstore.NewMemoryIndex(kvstore.MemoryConfig{}), make(chan []kvstore.BlockKey, 1)}
-		r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil), nil)
+		r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil))
 		body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"` + strings.Repeat("refund rules for damaged items ", 40) + `"}]}`)
-		req, err := openai.ParseRequest(openai.Chat, body)
+		req, err := parseChat(body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,9 +87,9 @@ func TestRoutedHitKeepsUnconfirmedPrefix(t *testing.T) {
 		eps[0].Events = true
 		mi := kvstore.NewMemoryIndex(kvstore.MemoryConfig{Now: clock})
 		idx := recordingIndex{mi, make(chan []kvstore.BlockKey, 4)}
-		r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil), nil, func(o *Options) { o.Now = clock; o.HitTTL = hitTTL })
+		r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil), func(o *Options) { o.Now = clock; o.HitTTL = hitTTL })
 		body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"` + strings.Repeat("refund rules for damaged items ", 40) + `"}]}`)
-		req, err := openai.ParseRequest(openai.Chat, body)
+		req, err := parseChat(body)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,14 +3,11 @@
 // → policy ranking → atomic reservation over the ranking (queued up to the model's queue_timeout) →
 // speculative index entry for the chosen endpoint. Forwarding is the server's job; it calls Release.
 //
-// Every claim the router hands out is also counted in its own ledger, whatever store holds its lease. When the
-// shared store fails, the router keeps serving: it routes on load alone (no index) and admits a request on
-// an endpoint only while its own in-flight there stays within the store-down cap (at most
-// store_down_limit_share of the limit, and at most what it held when the store went down plus its share of
-// the capacity then free), reports itself degraded (StoreStatus) and probes the store until it answers. On
-// recovery it re-registers every claim still running on the store (a store that restarted empty is detected
-// by its epoch, see Epocher), then keeps to the store-down cap for a grace period while the other gateways do
-// the same, and only then routes on the shared counters alone. gateway/RATIONALE.md explains the rule.
+// The router knows no store: it calls kvstore.Index and kvstore.Reservations. Store failure is the store's
+// (kvstore.Guarded: ledger, store-down caps, recovery, epoch): a Match that fails (kvstore.ErrUnavailable
+// while the store is down) makes the plan load-only ("store_down" fallback), and Reserve is a queue loop
+// over whatever the reservations answer. Errors are the typed values in errors.go; the server maps them to
+// HTTP once.
 package route
 
 import (
@@ -18,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -29,7 +25,6 @@ import (
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/endpoints"
 	"github.com/kvgate/kvgate/gateway/metrics"
-	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins/threetier"
@@ -45,8 +40,8 @@ type Encoder interface {
 	EncodeCompletion(prompt string) []uint32
 }
 
-// ChatRequestEncoder is an Encoder that also encodes a chat body already decoded by openai.ParseRequest
-// (openai.Request.Chat), so Plan does not scan the body a second time; gateway/model.Model implements it.
+// ChatRequestEncoder is an Encoder that also encodes a chat body already decoded (Request.ChatRequest, from
+// openai.ParseRequest), so Plan does not scan the body a second time; gateway/model.Model implements it.
 // Its results and errors are EncodeChat's for the same body.
 type ChatRequestEncoder interface {
 	EncodeChatRequest(r *chattemplate.Request) (prompt string, ids []uint32, err error)
@@ -67,16 +62,28 @@ type Ranker interface {
 	Rank(ctx context.Context, model string, s *sdk.Snapshot) ([]int, RankInfo)
 }
 
-// Pinger answers whether the shared store is reachable (nil error). The memory store needs none.
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// Epocher reports the shared store's epoch: an opaque value that changes when the store loses its data (a
-// Redis restart without persistence). A lease taken in one epoch is never renewed or released in another (a
-// restarted Redis hands out the same lease IDs again).
-type Epocher interface {
-	Epoch(ctx context.Context) (string, error)
+// Request is what routing needs of one client request; the server fills it from the parsed OpenAI body
+// (gateway/server routeRequest).
+type Request struct {
+	// Model is the "model" member as sent (a model or LoRA adapter name), for messages.
+	Model string
+	// Chat says a chat completion: ChatRequest (the parsed chat, or nil: the body is rendered) goes through
+	// the model's template. Otherwise a completion of PromptIDs (PromptIsIDs) or PromptText.
+	Chat        bool
+	ChatRequest *chattemplate.Request
+	PromptText  string
+	PromptIDs   []uint32
+	PromptIsIDs bool
+	// BatchTexts and BatchIDTokens are a completions batch's other prompts (texts to tokenize, and the
+	// token count of those sent as IDs); Prompts counts every prompt of the batch (1 for one prompt).
+	BatchTexts    []string
+	BatchIDTokens int64
+	Prompts       int
+	// CacheSalt is folded into block 0's key.
+	CacheSalt string
+	// MaxTokens is the output token limit (-1: not set), N and BestOf the sequences asked for.
+	MaxTokens int64
+	N, BestOf int64
 }
 
 // Endpoint is one endpoint of a model with its limits.
@@ -160,58 +167,36 @@ type Model struct {
 
 // Options configure a Router.
 type Options struct {
-	Seed                uint64               // block_key_seed
-	Index               kvstore.Index        // nil: no index (load-only routing always)
-	Reservations        kvstore.Reservations // the store's reservations; nil: local only
-	Pinger              Pinger               // nil: the store is never probed (memory)
-	StoreDownLimitShare float64              // (0,1]
-	SpeculativeTTL      time.Duration        // speculative Record TTL
-	LeaseTTL            time.Duration        // reservation lifetime (renewed by the server)
-	DefaultOutputTokens int64                // output estimate when a request sets no max_tokens
-	Ranker              Ranker               // nil: native three-tier with default config
-	Endpoints           *endpoints.Set       // live load and health
-	Metrics             *metrics.Metrics     // required
-	Log                 *slog.Logger         // required
-	Now                 func() time.Time     // nil: time.Now
-	StoreProbeInterval  time.Duration        // default 500ms; also the epoch check and in-flight refresh period
-	Epocher             Epocher              // nil: the store's epoch is not checked (memory)
-	// RecoveryGrace is how long after the store returns this router still keeps to the store-down caps
-	// (besides the store's own limit check), so gateways that notice the store later have re-registered their
-	// claims before anyone routes on the shared counters alone. Default max(3 × StoreProbeInterval, 1 s).
-	RecoveryGrace time.Duration
-	NativeConfig  threetier.Config // config of the load-only fallback ranking
-	// StoreTimeout bounds every store call on a request's path (match, in-flight read, reserve, renew,
-	// release): a hung store fails the call after this long and the router switches to store-down routing.
-	// Default 200ms.
-	StoreTimeout time.Duration
+	Seed uint64 // block_key_seed
+	// Index is the KV index (nil: no index, load-only routing always). The gateway passes its
+	// kvstore.Guarded, which fails Match fast with kvstore.ErrUnavailable while the store is down.
+	Index kvstore.Index
+	// Reservations leases endpoint capacity (required; the gateway passes its kvstore.Guarded). Reserve
+	// waits while it answers kvstore.ErrNoCapacity; any other error is ErrStoreRefused.
+	Reservations        kvstore.Reservations
+	SpeculativeTTL      time.Duration    // speculative Record TTL
+	LeaseTTL            time.Duration    // reservation lifetime (renewed by the server)
+	DefaultOutputTokens int64            // output estimate when a request sets no max_tokens
+	Ranker              Ranker           // nil: native three-tier with default config
+	Endpoints           *endpoints.Set   // live load and health
+	Metrics             *metrics.Metrics // required
+	Log                 *slog.Logger     // required
+	Now                 func() time.Time // nil: time.Now
+	NativeConfig        threetier.Config // config of the load-only fallback ranking
 	// HitTTL, if set, is how long a routed hit keeps the matched prefix counted on its endpoint (a Record of
 	// the matched blocks, at most once per HitTTL/4 per endpoint and prefix): vLLM announces nothing on a
 	// cache hit, so without it a hot prefix whose entries became unconfirmed (kvstore.Demoter) would age out
 	// although every request keeps it warm on the engine. The gateway sets it to index_unconfirmed_ttl.
 	HitTTL time.Duration
-	// OnsetHold, if set, keeps this gateway within what it held when the store failed, for up to OnsetHold
-	// or until the engine's load has been scraped after the failure (NoteLoad); the store-down caps then use
-	// that scrape (gateway/route ledger.go, kvstore/RATIONALE.md "Index under faults"). The gateway sets it to
-	// 2 × scrape_interval + 100 ms.
-	OnsetHold time.Duration
 }
 
 // Router runs the pipeline. Safe for concurrent use; create with New.
 type Router struct {
 	o      Options
 	hasher kvstore.Hasher
-	led    *ledger
-
-	// modeMu orders store-down reservations (read lock) against recovery (write lock), so no claim taken
-	// while the store is down escapes re-registration.
-	modeMu sync.RWMutex
-	// graceMu serializes reservations during the recovery grace (store reserve + ledger cap, as one step).
-	graceMu    sync.Mutex
-	graceUntil atomic.Int64 // unix nanoseconds
-	epochMu    sync.Mutex
-	epoch      string // the store epoch the store claims were taken in ("" when unknown or no Epocher)
-	pendingMu  sync.Mutex
-	pending    []pendingRelease
+	// remote says the store's calls are round trips (Options.Index or Reservations has IsRemote() true):
+	// Plan then reads the in-flight counters concurrently with the match.
+	remote bool
 
 	seq atomic.Uint64
 	// stage holds the latency observer of each stage, resolved once (WithLabelValues hashes and locks).
@@ -222,14 +207,7 @@ type Router struct {
 	hitMu sync.Mutex
 	hits  map[hitKey]time.Time // last routed-hit refresh per (endpoint, last matched block)
 
-	down     atomic.Bool
-	downMu   sync.Mutex
-	downErr  string
-	downAt   time.Time
-	downN    atomic.Uint64 // requests served while down
-	probing  atomic.Bool
-	stopOnce sync.Once
-	stop     chan struct{}
+	loadOnlyN atomic.Uint64 // requests routed without the index because the store failed
 }
 
 // New returns a Router.
@@ -237,60 +215,33 @@ func New(o Options) *Router {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if o.StoreProbeInterval == 0 {
-		o.StoreProbeInterval = 500 * time.Millisecond
-	}
-	if o.StoreTimeout <= 0 {
-		o.StoreTimeout = 200 * time.Millisecond
-	}
-	if o.StoreDownLimitShare <= 0 || o.StoreDownLimitShare > 1 {
-		o.StoreDownLimitShare = 1
-	}
 	if o.NativeConfig == (threetier.Config{}) {
 		o.NativeConfig = threetier.DefaultConfig()
 	}
-	if o.RecoveryGrace <= 0 {
-		o.RecoveryGrace = max(3*o.StoreProbeInterval, time.Second)
+	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, stage: map[string]prometheus.Observer{}}
+	type remoter interface{ IsRemote() bool }
+	for _, v := range []any{o.Index, o.Reservations} {
+		if rm, ok := v.(remoter); ok && rm.IsRemote() {
+			r.remote = true
+		}
 	}
-	led := newLedger(o.StoreDownLimitShare)
-	led.hold, led.margin = o.OnsetHold, 50*time.Millisecond
-	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, led: led,
-		stop: make(chan struct{}), stage: map[string]prometheus.Observer{}}
 	for _, st := range []string{metrics.StageTokenize, metrics.StageKeys, metrics.StageMatch, metrics.StageSnapshot,
 		metrics.StageRank, metrics.StageReserve, metrics.StageRecord} {
 		r.stage[st] = o.Metrics.Stage.WithLabelValues(st)
 	}
-	if o.Reservations != nil && o.Pinger != nil {
-		if o.Epocher != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			ep, err := o.Epocher.Epoch(ctx)
-			cancel()
-			if err != nil {
-				r.storeFailed("epoch", err)
-			} else {
-				r.epoch = ep
-			}
-		}
-		go r.watchStore()
-	}
 	return r
 }
 
-// NoteLoad records a scrape of endpoint id's engine load (running plus waiting requests, taken at), for the
-// store-down caps at the onset of an outage (Options.OnsetHold). Safe from any goroutine.
-func (r *Router) NoteLoad(id string, running, waiting float64, at time.Time) {
-	r.led.noteEngine(kvstore.EndpointID(id), int64(math.Ceil(running+waiting)), at)
-}
-
-// Close stops the store probe.
-func (r *Router) Close() { r.stopOnce.Do(func() { close(r.stop) }) }
+// LoadOnlyRequests counts the requests routed without the index since start because the store failed
+// (/readyz store.load_only_requests).
+func (r *Router) LoadOnlyRequests() uint64 { return r.loadOnlyN.Load() }
 
 // Candidate is one endpoint of a Plan's snapshot.
 type Candidate struct {
 	Endpoint
 	Load endpoints.Load
-	// InFlight is the leased cost on this endpoint (all gateways, or this one's local leases while the store
-	// is down).
+	// InFlight is the leased cost on this endpoint (all gateways; only this one's while the store is down:
+	// kvstore.Guarded.InFlight).
 	InFlight kvstore.Cost
 	// GPUBlocks and CPUBlocks are the prefix match.
 	GPUBlocks, CPUBlocks int
@@ -300,7 +251,7 @@ type Candidate struct {
 type Plan struct {
 	Model   *Model
 	LoRA    string
-	Request *openai.Request
+	Request Request
 	// IDs are the prompt token IDs (for completions batches, the first prompt's).
 	IDs []uint32
 	// BatchTokens are the prompt tokens of a completions batch's other prompts (0 for a single prompt).
@@ -323,47 +274,10 @@ type Plan struct {
 	TokenIDsSkip string
 }
 
-// ErrNoHealthy is wrapped by Plan's *openai.Error 503.
-var errNoHealthy = errors.New("no healthy endpoint")
-
-// StoreStatus is the store's state for /readyz.
-type StoreStatus struct {
-	Down bool `json:"down"`
-	// Since is when it was found down (zero when up).
-	Since time.Time `json:"since,omitzero"`
-	// LastError is the last store error seen.
-	LastError string `json:"last_error,omitempty"`
-	// LoadOnlyRequests counts requests routed without the store since start.
-	LoadOnlyRequests uint64 `json:"load_only_requests"`
-	// Recovering says the store is back but this gateway still keeps to its store-down caps (the recovery
-	// grace).
-	Recovering bool `json:"recovering"`
-	// OwnInFlight counts the requests this gateway has in flight (its ledger).
-	OwnInFlight int `json:"own_inflight"`
-	// LocalInFlight counts those of them with no lease on the current store (taken while it was down, or not
-	// yet re-registered after it came back).
-	LocalInFlight int `json:"local_inflight"`
-}
-
-// StoreStatus reports the store's state.
-func (r *Router) StoreStatus() StoreStatus {
-	r.downMu.Lock()
-	s := StoreStatus{Down: r.down.Load(), LastError: r.downErr, LoadOnlyRequests: r.downN.Load()}
-	if s.Down {
-		s.Since = r.downAt
-	}
-	r.downMu.Unlock()
-	s.Recovering = !s.Down && r.inGrace()
-	s.OwnInFlight, s.LocalInFlight = r.led.counts(r.currentEpoch())
-	return s
-}
-
-// storeUp says whether store operations should be tried.
-func (r *Router) storeUp() bool { return !r.down.Load() }
-
 // Plan runs tokenize → keys → match → snapshot → rank for req (parsed from body) on model m, for LoRA
-// adapter lora (""). Errors are *openai.Error (400 tokenization, 503 no healthy endpoint).
-func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Request, body []byte) (*Plan, error) {
+// adapter lora (""). Errors: *RequestError (the request cannot be tokenized or is too long), ErrNoHealthy.
+// A failed match (the store down) is no error: the plan is load-only.
+func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, body []byte) (*Plan, error) {
 	p := &Plan{Model: m, LoRA: lora, Request: req, Stages: make(map[string]time.Duration, 8)}
 	t0 := r.o.Now()
 	stage := func(name string, since time.Time) time.Time {
@@ -375,11 +289,11 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	}
 	// 1. tokenize
 	switch {
-	case req.API == openai.Chat:
+	case req.Chat:
 		var ids []uint32
 		var err error
-		if ce, ok := m.Encoder.(ChatRequestEncoder); ok && req.Chat != nil {
-			_, ids, err = ce.EncodeChatRequest(req.Chat)
+		if ce, ok := m.Encoder.(ChatRequestEncoder); ok && req.ChatRequest != nil {
+			_, ids, err = ce.EncodeChatRequest(req.ChatRequest)
 		} else {
 			_, ids, err = m.Encoder.EncodeChat(body)
 		}
@@ -420,7 +334,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		ids = append(ids, kvstore.EndpointID(e.ID))
 	}
 	if len(p.Candidates) == 0 {
-		return nil, fmt.Errorf("%w: %w", openai.Unavailable(req.Model), errNoHealthy)
+		return nil, fmt.Errorf("route: model %s: %w", m.Name, ErrNoHealthy)
 	}
 	// 3. match, and 4. the in-flight leases for the snapshot. On a remote store the two round trips run
 	// concurrently (the in-flight read starts first, in its own goroutine).
@@ -430,26 +344,23 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	}
 	var inflCh chan inflightResult
 	readInflight := func() inflightResult {
-		if r.o.Reservations == nil || !r.storeUp() {
-			return inflightResult{}
-		}
-		sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
-		defer cancel()
-		m, err := r.o.Reservations.InFlight(sctx, ids)
+		m, err := r.o.Reservations.InFlight(ctx, ids)
 		return inflightResult{m, err}
 	}
-	if r.o.Pinger != nil {
+	if r.remote {
 		inflCh = make(chan inflightResult, 1)
 		go func() { inflCh <- readInflight() }()
 	}
-	p.LoadOnly = r.o.Index == nil || !r.storeUp()
+	p.LoadOnly = r.o.Index == nil
+	storeDown := false
 	if !p.LoadOnly && len(p.Keys) > 0 {
-		sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
-		ms, err := r.o.Index.Match(sctx, m.Name, p.Keys)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			r.storeError("match", err)
-			p.LoadOnly = true
+		ms, err := r.o.Index.Match(ctx, m.Name, p.Keys)
+		if err != nil {
+			// The store (kvstore.Guarded) reports and handles its own failure; the request goes on load.
+			p.LoadOnly, storeDown = true, errors.Is(err, kvstore.ErrUnavailable)
+			if !storeDown && ctx.Err() == nil {
+				r.o.Log.Warn("index match failed: routing on load only", slog.String("error", err.Error()))
+			}
 		}
 		for _, mt := range ms {
 			for i := range p.Candidates {
@@ -466,17 +377,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	} else {
 		ir = readInflight()
 	}
-	infl := ir.m
-	if ir.err != nil && ctx.Err() == nil {
-		r.storeError("inflight", ir.err)
-		infl = nil
-	}
-	if infl != nil && r.storeUp() && !r.inGrace() {
-		r.led.observe(ids, infl)
-	}
-	if infl == nil || !r.storeUp() {
-		infl = r.led.ownCounts(ids)
-	}
+	infl := ir.m // nil after an error: no in-flight counts (the store, not the router, reports it)
 	p.Snapshot = sdk.Snapshot{Request: sdk.Request{
 		Seq: r.seq.Add(1), PromptTokens: uint32(len(p.IDs)), PromptBlocks: uint32(len(p.Keys)),
 		BlockSize: uint32(m.BlockSize), ModelHash: modelHash(m.Name, lora), Seed: rand.Uint64()}}
@@ -504,7 +405,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 		p.Info = RankInfo{Policy: "three-tier@native"}
 		if p.LoadOnly && r.o.Index != nil {
 			p.Info.Fallback = "store_down"
-			r.downN.Add(1)
+			r.loadOnlyN.Add(1)
 			r.o.Metrics.LoadOnlyRoutes.WithLabelValues(m.Name).Inc()
 		}
 	} else {
@@ -539,33 +440,25 @@ func modelHash(model, lora string) uint64 {
 	return h
 }
 
-// Claim is a reservation taken for a Plan: one request's count on one endpoint, held in the router's ledger
-// until Release, with a lease on the shared store when the store was reachable (or once it is again).
+// Claim is a reservation taken for a Plan: one request's lease on one endpoint, until Release.
 type Claim struct {
 	// Index is the chosen candidate's index in Plan.Candidates.
 	Index int
 
-	ep   kvstore.EndpointID
-	cost kvstore.Cost
+	ep kvstore.EndpointID
 
 	mu       sync.Mutex
-	lease    kvstore.Lease // the store lease when onStore
-	onStore  bool
-	epoch    string // the store epoch lease was taken in
+	lease    kvstore.Lease
 	released bool
 }
 
 // Endpoint returns the claimed endpoint.
 func (c *Claim) Endpoint() kvstore.EndpointID { return c.ep }
 
-// Lease returns the claim's current store lease (zero while it has none: taken while the store was down).
-// Re-registration after a store outage replaces it.
+// Lease returns the claim's current lease (as its last renewal returned it).
 func (c *Claim) Lease() kvstore.Lease {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.onStore {
-		return kvstore.Lease{}
-	}
 	return c.lease
 }
 
@@ -583,11 +476,11 @@ func (r *Router) Cost(p *Plan) kvstore.Cost {
 }
 
 // Reserve leases the first ranked candidate with capacity, skipping candidates in exclude (indices of
-// Plan.Candidates that already failed). While every candidate is full it waits and retries until the
-// model's queue timeout, then returns *openai.Error 429; ctx ending (client gone) returns ctx's error.
-//
-// With the store up the store's atomic reservation decides; with it down, the ledger's store-down cap; during
-// the recovery grace both must agree.
+// Plan.Candidates that already failed). While every candidate is full (kvstore.ErrNoCapacity) it waits and
+// retries until the model's queue timeout, then returns ErrQueueTimeout; ctx ending (client gone) returns
+// ctx's error. Other errors: ErrNoHealthy (every candidate excluded), *RequestError (a batch no endpoint
+// can run), ErrStoreRefused (the reservations refused otherwise). Whether the store is up, down or
+// recovering is the reservations' business (kvstore.Guarded).
 func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*Claim, error) {
 	start := r.o.Now()
 	defer func() {
@@ -604,7 +497,7 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		order = append(order, i)
 	}
 	if len(ranked) == 0 {
-		return nil, openai.Unavailable(p.Request.Model)
+		return nil, fmt.Errorf("route: model %s: every candidate failed: %w", p.Model.Name, ErrNoHealthy)
 	}
 	cost := r.Cost(p)
 	if cost.Requests > 1 {
@@ -618,9 +511,9 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 			most = max(most, c.Limits.MaxRequests)
 		}
 		if len(fit) == 0 {
-			return nil, openai.Errorf(400, "invalid_request_error", "prompt", "batch_too_large",
+			return nil, &RequestError{Param: "prompt", Code: "batch_too_large", Message: fmt.Sprintf(
 				"The request needs %d sequences (prompts × max(n, best_of)); the endpoints serving `%s` run at most %d at once.",
-				cost.Requests, p.Request.Model, most)
+				cost.Requests, p.Request.Model, most)}
 		}
 		ranked, order = fit, fitOrder
 	}
@@ -634,30 +527,29 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	deadline := start.Add(p.Model.QueueTimeout)
 	wait := 5 * time.Millisecond
 	for {
-		cl, err := r.reserveOnce(ctx, ranked, cost)
+		l, err := r.o.Reservations.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
 		if err == nil {
-			idx := order[0]
+			cl := &Claim{Index: order[0], ep: l.Endpoint, lease: l}
 			for k, c := range ranked {
-				if c.Endpoint == cl.ep {
-					idx = order[k]
+				if c.Endpoint == l.Endpoint {
+					cl.Index = order[k]
 					break
 				}
 			}
-			cl.Index = idx
 			r.o.Metrics.InFlight.WithLabelValues(string(cl.ep)).Inc()
 			return cl, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if !errors.Is(err, kvstore.ErrNoCapacity) { // refused by a reachable store: waiting will not help
-			return nil, fmt.Errorf("%w: %w", errStoreRefused(), err)
+		if !errors.Is(err, kvstore.ErrNoCapacity) { // refused otherwise: waiting will not help
+			return nil, fmt.Errorf("%w: %w", ErrStoreRefused, err)
 		}
 		r.o.Metrics.ReservationRefusals.WithLabelValues(p.Model.Name).Inc()
 		now := r.o.Now()
 		if !now.Before(deadline) {
 			r.o.Metrics.QueueTimeouts.WithLabelValues(p.Model.Name).Inc()
-			return nil, openai.NoCapacity(p.Request.Model)
+			return nil, fmt.Errorf("route: model %s: %w", p.Model.Name, ErrQueueTimeout)
 		}
 		sl := min(wait, deadline.Sub(now))
 		select {
@@ -669,69 +561,10 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	}
 }
 
-// reserveOnce makes one reservation attempt: a claim counted in the ledger, or kvstore.ErrNoCapacity.
-func (r *Router) reserveOnce(ctx context.Context, ranked []kvstore.Candidate, cost kvstore.Cost) (*Claim, error) {
-	if r.o.Reservations == nil {
-		// No shared store: this gateway's share of every limit, as while a store is down.
-		if cl, _ := r.led.reserveLocal(ranked, cost); cl != nil {
-			return cl, nil
-		}
-		return nil, kvstore.ErrNoCapacity
-	}
-	for {
-		// The read lock keeps recovery (write lock) from running between the mode check and the claim's
-		// counting: every claim is either on the current store or seen by recovery.
-		r.modeMu.RLock()
-		if !r.storeUp() {
-			cl, _ := r.led.reserveLocal(ranked, cost)
-			r.modeMu.RUnlock()
-			if cl == nil {
-				return nil, kvstore.ErrNoCapacity
-			}
-			return cl, nil
-		}
-		grace := r.inGrace()
-		if grace {
-			r.graceMu.Lock()
-		}
-		cands := ranked
-		if grace {
-			cands = r.led.admissible(ranked, cost)
-		}
-		var cl *Claim
-		var err error
-		if len(cands) == 0 {
-			err = kvstore.ErrNoCapacity
-		} else {
-			var l kvstore.Lease
-			sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
-			l, err = r.o.Reservations.Reserve(sctx, cands, cost, r.o.LeaseTTL)
-			cancel()
-			if err == nil {
-				cl = &Claim{ep: l.Endpoint, cost: cost, lease: l, onStore: true, epoch: r.currentEpoch()}
-				if !r.led.addGranted(cl, cands, grace, r.storeUp) {
-					// The store failed while its grant was on its way: the store-down reservations made
-					// since did not see this claim, and it does not fit beside them. Give the lease back
-					// and wait like any request over the cap.
-					r.dropLease(l, cl.epoch)
-					cl, err = nil, kvstore.ErrNoCapacity
-				}
-			}
-		}
-		if grace {
-			r.graceMu.Unlock()
-		}
-		r.modeMu.RUnlock()
-		if err != nil && !errors.Is(err, kvstore.ErrNoCapacity) && ctx.Err() == nil && r.storeError("reserve", err) {
-			continue // the store is unreachable: once more, within the store-down cap
-		}
-		return cl, err
-	}
-}
-
 // Record counts the routed prompt and matched tokens and writes the plan's block keys as a speculative entry
-// for the claimed endpoint, in the background (best effort; a store error marks the store down). For an
-// endpoint with Events, only the keys past its matched GPU prefix are written.
+// for the claimed endpoint, in the background (best effort: the index reports its own failures; while the
+// store is down kvstore.Guarded refuses at once). Not for a load-only plan. For an endpoint with Events, only
+// the keys past its matched GPU prefix are written.
 func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	cd := p.Candidates[c.Index]
 	bs := p.Model.BlockSize
@@ -739,7 +572,7 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	tc.prompt.Add(float64(len(p.IDs)))
 	tc.gpu.Add(float64(cd.GPUBlocks * bs))
 	tc.cpu.Add(float64(cd.CPUBlocks * bs))
-	if r.o.Index == nil || len(p.Keys) == 0 || !r.storeUp() {
+	if r.o.Index == nil || len(p.Keys) == 0 || p.LoadOnly {
 		return
 	}
 	// Off the request's critical path: the entry only has to beat the engine's own events (tens of ms),
@@ -755,9 +588,7 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 			go func() {
 				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
-				if err := r.o.Index.Record(rctx, model, ep, matched, r.o.HitTTL); err != nil {
-					r.storeError("record", err)
-				}
+				_ = r.o.Index.Record(rctx, model, ep, matched, r.o.HitTTL)
 			}()
 		}
 		keys = keys[len(matched):]
@@ -769,9 +600,7 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 		start := r.o.Now()
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err := r.o.Index.Record(rctx, model, ep, keys, r.o.SpeculativeTTL); err != nil {
-			r.storeError("record", err)
-		}
+		_ = r.o.Index.Record(rctx, model, ep, keys, r.o.SpeculativeTTL)
 		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
 	}()
 }
@@ -816,40 +645,27 @@ func (r *Router) tokenCounters(model string) *tokenCounters {
 	return v.(*tokenCounters)
 }
 
-// Renew extends c's store lease by the lease TTL; the server calls it every TTL/3 on long responses. A claim
-// without a live store lease (taken while the store was down, or its store restarted) needs no renewal: the
-// ledger counts it until Release, and recovery re-registers it. A lease the store no longer knows while the
-// request still runs is registered again, without the limit check, so the shared count is not lost.
+// Renew extends c's lease by the lease TTL; the server calls it every TTL/3 on long responses. What a
+// renewal means while the store is down, or when the store lost the lease, is the reservations' business
+// (kvstore.Guarded keeps the claim and registers it again).
 func (r *Router) Renew(ctx context.Context, c *Claim) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.released || !c.onStore || !r.storeUp() || c.epoch != r.currentEpoch() {
+	if c.released {
 		return nil
 	}
-	sctx, cancel := context.WithTimeout(ctx, r.o.StoreTimeout)
-	l, err := r.o.Reservations.Renew(sctx, c.lease, r.o.LeaseTTL)
-	cancel()
-	if err == nil {
-		c.lease = l
-		return nil
+	l, err := r.o.Reservations.Renew(ctx, c.lease, r.o.LeaseTTL)
+	if err != nil {
+		return err
 	}
-	if errors.Is(err, kvstore.ErrLeaseNotLive) {
-		r.o.Log.Warn("lease lost on the store while its request runs: registering it again",
-			slog.String("endpoint_id", string(c.ep)), slog.String("lease", c.lease.ID))
-		return r.registerLocked(ctx, c, r.currentEpoch())
-	}
-	if ctx.Err() == nil {
-		r.storeError("renew", err)
-	}
-	return err
+	c.lease = l
+	return nil
 }
 
 // LeaseTTL returns the configured lease lifetime.
 func (r *Router) LeaseTTL() time.Duration { return r.o.LeaseTTL }
 
-// Release ends c (idempotent): the ledger stops counting it and its store lease, if it has one in the current
-// store epoch, is released. A release the store cannot take now is retried when the store returns in the same
-// epoch (otherwise the lease expires on its own).
+// Release ends c (idempotent).
 func (r *Router) Release(c *Claim) {
 	c.mu.Lock()
 	if c.released {
@@ -857,42 +673,11 @@ func (r *Router) Release(c *Claim) {
 		return
 	}
 	c.released = true
-	onStore, epoch, l := c.onStore, c.epoch, c.lease
+	l := c.lease
 	c.mu.Unlock()
-	if !r.led.remove(c) {
-		return
-	}
 	r.o.Metrics.InFlight.WithLabelValues(string(c.ep)).Dec()
-	if !onStore || r.o.Reservations == nil {
-		return
-	}
-	if !r.storeUp() {
-		r.deferRelease(l, epoch)
-		return
-	}
-	if epoch != r.currentEpoch() {
-		return // the store restarted: this lease ID may name another gateway's lease now
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.o.StoreTimeout)
-	defer cancel()
-	if err := r.o.Reservations.Release(ctx, l); err != nil {
-		if r.storeError("release", err) {
-			r.deferRelease(l, epoch) // retried when the store answers again
-		}
-	}
-}
-
-// dropLease gives back a store lease that no claim holds: at once while the store is up, else when it
-// answers again in the same epoch (deferRelease).
-func (r *Router) dropLease(l kvstore.Lease, epoch string) {
-	if !r.storeUp() {
-		r.deferRelease(l, epoch)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.o.StoreTimeout)
-	defer cancel()
-	if err := r.o.Reservations.Release(ctx, l); err != nil && r.storeError("release", err) {
-		r.deferRelease(l, epoch)
+	if err := r.o.Reservations.Release(context.Background(), l); err != nil {
+		r.o.Log.Warn("lease release failed", slog.String("endpoint_id", string(c.ep)), slog.String("error", err.Error()))
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,20 +29,27 @@ func TestShortVersion(t *testing.T) {
 	}
 }
 
-// failingIndex is an Index whose store is down.
-type failingIndex struct{ kvstore.Index }
-
-func (failingIndex) Match(context.Context, string, []kvstore.BlockKey) ([]kvstore.EndpointMatch, error) {
-	return nil, errors.New("dial tcp: connection refused")
+// parseChat parses a chat body as the server does (openai.ParseRequest, then server.RouteRequest's fields).
+func parseChat(body []byte) (Request, error) {
+	r, err := openai.ParseRequest(openai.Chat, body)
+	if err != nil {
+		return Request{}, err
+	}
+	return Request{Model: r.Model, Chat: true, ChatRequest: r.Chat, Prompts: r.Prompts, CacheSalt: r.CacheSalt,
+		MaxTokens: r.MaxTokens, N: r.N, BestOf: r.BestOf}, nil
 }
 
-type downStore struct{ up atomic.Bool }
-
-func (d *downStore) Ping(context.Context) error {
-	if d.up.Load() {
-		return nil
+// guarded is a kvstore.Guarded over res and idx with the router tests' timings (probe every 20 ms),
+// closed with the test.
+func guarded(t testing.TB, res kvstore.Reservations, idx kvstore.Index, remote kvstore.Remote, share float64, opts ...func(*kvstore.GuardConfig)) *kvstore.Guarded {
+	o := kvstore.GuardConfig{Reservations: res, Index: idx, Remote: remote, DownLimitShare: share,
+		ProbeInterval: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, f := range opts {
+		f(&o)
 	}
-	return errors.New("down")
+	g := kvstore.NewGuarded(o)
+	t.Cleanup(g.Close)
+	return g
 }
 
 func fakeEngines(t testing.TB, n int) []Endpoint {
@@ -61,7 +67,8 @@ func fakeEngines(t testing.TB, n int) []Endpoint {
 	return eps
 }
 
-func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Reservations, p Pinger, opts ...func(*Options)) (*Router, *Model) {
+// newRouter returns a router over idx and res (plain store parts, or a kvstore.Guarded passed as both).
+func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Reservations, opts ...func(*Options)) (*Router, *Model) {
 	m, err := model.Load("../../examples/models/qwen3")
 	if err != nil {
 		t.Fatal(err)
@@ -72,31 +79,33 @@ func newRouter(t testing.TB, eps []Endpoint, idx kvstore.Index, res kvstore.Rese
 	}
 	set := endpoints.NewSet(all, http.DefaultClient, time.Hour, nil)
 	set.ProbeAll(context.Background())
-	o := Options{Index: idx, Reservations: res, Pinger: p, StoreDownLimitShare: 0.5, SpeculativeTTL: 2 * time.Second,
+	o := Options{Index: idx, Reservations: res, SpeculativeTTL: 2 * time.Second,
 		LeaseTTL: 10 * time.Second, DefaultOutputTokens: 16, Endpoints: set, Metrics: metrics.New(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), StoreProbeInterval: 20 * time.Millisecond}
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, f := range opts {
 		f(&o)
 	}
 	r := New(o)
-	t.Cleanup(r.Close)
 	return r, &Model{Name: "qwen3", BlockSize: 16, QueueTimeout: 50 * time.Millisecond, Encoder: m, Endpoints: eps}
 }
 
-// When the store fails, the router routes on load alone with local reservations at the configured share,
-// reports itself down, and resumes when the store answers again.
+// When the store fails, the router routes on load alone with the store's local reservations at the
+// configured share, the store reports itself down, and both resume when the store answers again.
 func TestStoreDownFallback(t *testing.T) {
 	eps := fakeEngines(t, 2)
-	ds := &downStore{}
-	r, m := newRouter(t, eps, failingIndex{kvstore.NewMemoryIndex(kvstore.MemoryConfig{})}, kvstore.NewMemoryReservations(nil), ds)
+	fs := kvstore.NewFaultyStore(nil)
+	cl := fs.Client()
+	fs.Fail(errors.New("dial tcp: connection refused (injected)"))
+	g := guarded(t, cl.Reservations(), cl.Index(), cl, 0.5)
+	r, m := newRouter(t, eps, g, g)
 	body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"hello there, this prompt is long enough to fill at least two blocks of sixteen tokens each for sure"}]}`)
-	req, _ := openai.ParseRequest(openai.Chat, body)
+	req, _ := parseChat(body)
 	p, err := r.Plan(context.Background(), m, "", req, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !p.LoadOnly || p.Info.Fallback != "store_down" || !r.StoreStatus().Down {
-		t.Fatalf("plan %+v status %+v", p.Info, r.StoreStatus())
+	if !p.LoadOnly || p.Info.Fallback != "store_down" || !g.Status().Down || r.LoadOnlyRequests() != 1 {
+		t.Fatalf("plan %+v status %+v", p.Info, g.Status())
 	}
 	if p.Candidates[p.Ranking[0]].ID != "e0" { // least loaded (waiting 0 vs 1)
 		t.Fatalf("ranking %v", p.Ranking)
@@ -111,23 +120,25 @@ func TestStoreDownFallback(t *testing.T) {
 		claims = append(claims, c)
 	}
 	_, err = r.Reserve(context.Background(), p, nil)
-	var oe *openai.Error
-	if !errors.As(err, &oe) || oe.Status != 429 {
+	if !errors.Is(err, ErrQueueTimeout) {
 		t.Fatalf("fifth reservation: %v", err)
 	}
 	for _, c := range claims {
 		r.Release(c)
 	}
-	if r.StoreStatus().LocalInFlight != 0 {
+	if g.Status().LocalInFlight != 0 {
 		t.Fatal("local leases not released")
 	}
-	ds.up.Store(true)
+	fs.Heal()
 	deadline := time.Now().Add(2 * time.Second)
-	for r.StoreStatus().Down && time.Now().Before(deadline) {
+	for g.Status().Down && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if r.StoreStatus().Down {
+	if g.Status().Down {
 		t.Fatal("store never came back")
+	}
+	if p, err := r.Plan(context.Background(), m, "", req, body); err != nil || p.LoadOnly {
+		t.Fatalf("plan after recovery: load only %v, %v", p != nil && p.LoadOnly, err)
 	}
 }
 
@@ -136,7 +147,7 @@ func TestStoreDownFallback(t *testing.T) {
 func BenchmarkPlanReserve(b *testing.B) {
 	eps := fakeEngines(b, 4)
 	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
-	r, m := newRouter(b, eps, idx, kvstore.NewMemoryReservations(nil), nil)
+	r, m := newRouter(b, eps, idx, kvstore.NewMemoryReservations(nil))
 	var sys strings.Builder
 	for i := 0; sys.Len() < 7000; i++ {
 		fmt.Fprintf(&sys, "Policy %d: be precise, cite section %d, and keep answers short. ", i, i*3)
@@ -144,7 +155,7 @@ func BenchmarkPlanReserve(b *testing.B) {
 	prefix := fmt.Sprintf(`{"model":"qwen3","max_tokens":1,"messages":[{"role":"system","content":%q},`, sys.String())
 	q := strings.Repeat("Tell me about the refund rules for damaged items please. ", 18)
 	body := []byte(prefix + fmt.Sprintf(`{"role":"user","content":%q}]}`, q))
-	req, _ := openai.ParseRequest(openai.Chat, body)
+	req, _ := parseChat(body)
 	ctx := context.Background()
 	p, err := r.Plan(ctx, m, "", req, body)
 	if err != nil {
@@ -154,7 +165,7 @@ func BenchmarkPlanReserve(b *testing.B) {
 	b.ReportMetric(float64(len(p.IDs)), "prompt_tokens")
 	b.ResetTimer()
 	for b.Loop() {
-		req, _ := openai.ParseRequest(openai.Chat, body)
+		req, _ := parseChat(body)
 		p, err := r.Plan(ctx, m, "", req, body)
 		if err != nil {
 			b.Fatal(err)
@@ -187,10 +198,10 @@ func TestDataParallelRankCandidates(t *testing.T) {
 		t.Fatalf("rank IDs %v", ids)
 	}
 	idx := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
-	r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil), nil)
+	r, m := newRouter(t, eps, idx, kvstore.NewMemoryReservations(nil))
 	m.Endpoints = ranked
 	body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"hello there, this prompt is long enough to fill at least two blocks of sixteen tokens each for sure"}]}`)
-	req, _ := openai.ParseRequest(openai.Chat, body)
+	req, _ := parseChat(body)
 	p, err := r.Plan(context.Background(), m, "", req, body)
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/gateway/upstream"
+	"github.com/kvgate/kvgate/kvstore"
 )
 
 // Response headers set on every proxied response.
@@ -81,9 +82,48 @@ type Options struct {
 	Admin func(r fiber.Router)
 	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
 	Ready func() map[string]any
-	// EngineBody, if set, builds the body sent to candidate c for plan p from the client's body (the
+	// EngineBody, if set, builds the body sent to candidate c for plan p of req from the client's body (the
 	// gateway's chat token IDs and drift guard); nil: upstream.Body by engine kind.
-	EngineBody func(p *route.Plan, c route.Candidate, body []byte) ([]byte, error)
+	EngineBody func(req *openai.Request, p *route.Plan, c route.Candidate, body []byte) ([]byte, error)
+	// Store reports the store's state for /readyz ("store", and "degraded" when it is down); nil: a store
+	// that is never down.
+	Store func() kvstore.GuardStatus
+}
+
+// StoreStatus is /readyz's "store": the store's state (kvstore.GuardStatus) and the requests routed on
+// load alone because of it.
+type StoreStatus struct {
+	kvstore.GuardStatus
+	// LoadOnlyRequests counts requests routed without the store since start.
+	LoadOnlyRequests uint64 `json:"load_only_requests"`
+}
+
+// RouteRequest is what the router needs of a parsed request.
+func RouteRequest(r *openai.Request) route.Request {
+	return route.Request{Model: r.Model, Chat: r.API == openai.Chat, ChatRequest: r.Chat, PromptText: r.PromptText,
+		PromptIDs: r.PromptIDs, PromptIsIDs: r.PromptIsIDs, BatchTexts: r.BatchTexts, BatchIDTokens: r.BatchIDTokens,
+		Prompts: r.Prompts, CacheSalt: r.CacheSalt, MaxTokens: r.MaxTokens, N: r.N, BestOf: r.BestOf}
+}
+
+// RouteError is the HTTP answer to a router error for the client-facing model name model: the one place
+// the router's errors become statuses. Anything else is a 500.
+func RouteError(model string, err error) *openai.Error {
+	var oe *openai.Error
+	if errors.As(err, &oe) {
+		return oe
+	}
+	if re, ok := errors.AsType[*route.RequestError](err); ok {
+		return openai.Errorf(http.StatusBadRequest, "invalid_request_error", re.Param, re.Code, "%s", re.Message)
+	}
+	switch {
+	case errors.Is(err, route.ErrNoHealthy):
+		return openai.Unavailable(model)
+	case errors.Is(err, route.ErrQueueTimeout):
+		return openai.NoCapacity(model)
+	case errors.Is(err, route.ErrStoreRefused):
+		return openai.Errorf(http.StatusInternalServerError, "server_error", "", "store_error", "The reservation store refused the request.")
+	}
+	return openai.Errorf(http.StatusInternalServerError, "server_error", "", "", "%v", err)
 }
 
 // Server is the HTTP front. Create with New, run with Listen or Serve, stop with Shutdown.
@@ -305,7 +345,10 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		ready = ready && any
 		models[m.Name] = eps
 	}
-	st := s.o.Router.StoreStatus()
+	st := StoreStatus{LoadOnlyRequests: s.o.Router.LoadOnlyRequests()}
+	if s.o.Store != nil {
+		st.GuardStatus = s.o.Store()
+	}
 	if !ready {
 		c.Status(fiber.StatusServiceUnavailable)
 	}
@@ -426,7 +469,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			}
 		}()
 		log := s.o.Log
-		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
+		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, RouteRequest(req), body)
 		if err != nil {
 			return s.fail(c, req, "", err)
 		}
@@ -467,7 +510,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			var out []byte
 			var berr error
 			if s.o.EngineBody != nil {
-				out, berr = s.o.EngineBody(plan, cand, body)
+				out, berr = s.o.EngineBody(req, plan, cand, body)
 			} else {
 				out, berr = upstream.Body(cand.Engine, req, body, plan.IDs)
 			}
@@ -697,12 +740,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 	}
 }
 
-// fail answers err (an *openai.Error or a wrapped one) and counts it.
+// fail answers err (an *openai.Error, a router error: RouteError, or a wrapped one) and counts it.
 func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) error {
-	var oe *openai.Error
-	if !errors.As(err, &oe) {
-		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
-	}
+	oe := RouteError(req.Model, err)
 	s.count(s.modelLabel(req.Model), ep, oe.Status)
 	if oe.Status == http.StatusTooManyRequests || oe.Status == http.StatusServiceUnavailable {
 		// Every endpoint stayed full for the queue timeout, or none is healthy: a client (the OpenAI SDKs
