@@ -127,10 +127,6 @@ func TestRedisEpochPerPrefix(t *testing.T) {
 	}
 	b, _ := kvstore.NewRedisEpoch(c, kvstore.RedisConfig{Prefix: "fleet-b"})
 	def, _ := kvstore.NewRedisEpoch(c, kvstore.RedisConfig{})
-	// The default prefix gives the key gateways used before the prefix was honoured (rolling upgrades).
-	if a.Key() != "fleet-a:v1:{res}:epoch" || def.Key() != kvstore.DefaultRedisPrefix+":v1:{res}:epoch" {
-		t.Fatalf("keys %q %q", a.Key(), def.Key())
-	}
 	ea, err := a.Epoch(ctx)
 	if err != nil || ea == "" {
 		t.Fatalf("epoch a: %q %v", ea, err)
@@ -142,6 +138,11 @@ func TestRedisEpochPerPrefix(t *testing.T) {
 	if again, _ := a.Epoch(ctx); again != ea {
 		t.Fatalf("epoch a moved without a restart: %q then %q", ea, again)
 	}
+	// The default prefix gives the key gateways used before the prefix was honoured (rolling upgrades).
+	if a.Key() != "fleet-a:v1:{res}:epoch" || def.Key() != kvstore.DefaultRedisPrefix+":v1:{res}:epoch" {
+		t.Fatalf("keys %q %q", a.Key(), def.Key())
+	}
+
 	// Fleet b's data is flushed (its keys deleted): b gets a new epoch, a keeps its own.
 	if err := c.Del(ctx, b.Key()).Err(); err != nil {
 		t.Fatal(err)
