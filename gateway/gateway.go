@@ -511,6 +511,7 @@ var (
 	descRecov    = prometheus.NewDesc("kvgate_event_recovered_batches_total", "Undecodable KV-event batches recovered through replay.", []string{"endpoint"}, nil)
 	descIdxErr   = prometheus.NewDesc("kvgate_event_index_errors_total", "Failed or refused index writes of the endpoint's ingestion.", []string{"endpoint"}, nil)
 	descResync   = prometheus.NewDesc("kvgate_event_resyncs_total", "Rebuilds of an endpoint's index entries after a failed index write.", []string{"endpoint"}, nil)
+	descHashEv   = prometheus.NewDesc("kvgate_event_hash_evictions_total", "Engine hashes evicted from the ingester's map at index_max_engine_hashes_per_endpoint (their blocks removed from the index).", []string{"endpoint"}, nil)
 	descCfgErr   = prometheus.NewDesc("kvgate_event_config_error", "1 while the endpoint's KV events disagree with the configuration (see /readyz).", []string{"endpoint"}, nil)
 )
 
@@ -519,7 +520,7 @@ type ingestCollector struct{ g *Gateway }
 // Describe implements prometheus.Collector.
 func (c *ingestCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon, descDecErr, descBadFrame,
-		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr, descIdxErr, descResync} {
+		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr, descIdxErr, descResync, descHashEv} {
 		ch <- d
 	}
 }
@@ -540,7 +541,7 @@ func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCon, prometheus.GaugeValue, conn, ep)
 		for d, v := range map[*prometheus.Desc]uint64{descDecErr: s.DecodeErrors, descBadFrame: s.BadFrames,
 			descOrphan: s.Orphans, descBSErr: s.BlockSizeErrors, descBadTS: s.BadTimestamps, descDemote: s.Demotions,
-			descRestart: s.Restarts, descRecov: s.RecoveredBatches, descIdxErr: s.IndexErrors, descResync: s.Resyncs} {
+			descRestart: s.Restarts, descRecov: s.RecoveredBatches, descIdxErr: s.IndexErrors, descResync: s.Resyncs, descHashEv: s.HashEvictions} {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ep)
 		}
 		cfgErr := 0.0
