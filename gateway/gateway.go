@@ -224,9 +224,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			g.noteStartTime(id, l.StartTime)
 		}
 		if rt := routerRef.Load(); rt != nil {
-			n := float64(ranks[id])
-			for _, rid := range route.RankIDs(id, ranks[id]) { // each rank's share of the engine's load
-				rt.NoteLoad(string(rid), l.Running/n, l.Waiting/n, l.Scraped)
+			for r, rid := range route.RankIDs(id, ranks[id]) { // each rank's own load, or an even share
+				rl := l.Rank(r, ranks[id])
+				rt.NoteLoad(string(rid), rl.Running, rl.Waiting, l.Scraped)
 			}
 		}
 	})

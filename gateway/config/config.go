@@ -269,8 +269,9 @@ type Endpoint struct {
 	ChatTokenIDs string `yaml:"chat_token_ids"`
 	// DataParallelSize is the engine's data-parallel ranks (vLLM --data-parallel-size; 1..64, default 1).
 	// With N ≥ 2 each rank is a routing candidate of its own, "<id>/dp<r>": its own prefix match (its KV
-	// events come from kv_events' and kv_replay's TCP port + r), its own lease and a 1/N share of the
-	// endpoint's limits and scraped load; the request carries X-data-parallel-rank: <r>.
+	// events come from kv_events' and kv_replay's TCP port + r), its own lease, a 1/N share of the
+	// endpoint's limits, and its own load from the engine's engine="<r>" metric series (vLLM; without them
+	// a 1/N share of the scraped load); the request carries X-data-parallel-rank: <r>.
 	DataParallelSize int `yaml:"data_parallel_size"`
 }
 
