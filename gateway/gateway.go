@@ -76,6 +76,8 @@ type Gateway struct {
 	tokens *tokenIDs
 	// tpu is the TPU slice allocator on the gateway's store (admin /admin/v1/tpu/...).
 	tpu *tpu.Allocator
+	// tpuCopy is the read-only copy of the store's TPU slices (Redis only), for requarantineTPUSlices.
+	tpuCopy tpuSlices
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -177,6 +179,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		g.wg.Go(func() { g.storeWait(runCtx, ps) })
 	}
 	g.wg.Go(func() { ps.run(runCtx) })
+	if st.Redis != nil {
+		g.wg.Go(func() { g.copyTPUSlices(runCtx) })
+	}
 
 	// Endpoints and models.
 	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
