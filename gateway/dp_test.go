@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -157,5 +158,45 @@ func TestRetrySkipsOtherRanks(t *testing.T) {
 	defer good.mu.Unlock()
 	if len(good.bodies) != 1 {
 		t.Fatalf("good got %d requests", len(good.bodies))
+	}
+}
+
+// TestDataParallelRankLoad (#11 item 2, per-rank load): one enginesim with --data-parallel-size 2 and
+// --max-num-seqs 1 behind endpoint e0 (data_parallel_size: 2). Six long requests sent straight to rank 1
+// (X-data-parallel-rank: 1) leave it with 1 running and 5 waiting; rank 0 is idle. The engine publishes
+// per-engine series (engine="0", engine="1") as vLLM does, and the gateway must route on them: ten fresh
+// prompts (a miss: least load) all go to e0/dp0. With the old even split both ranks showed 2.5 waiting and
+// ties sent about half to the busy rank.
+func TestDataParallelRankLoad(t *testing.T) {
+	engines := startSims(t, 1, func(c *sim.Config) { c.DataParallelSize, c.MaxNumSeqs, c.TimeScale = 2, 1, 1 })
+	e := engines[0]
+	eps := fmt.Sprintf("      - {id: e0, engine: enginesim, url: \"http://%s\", max_inflight_requests: 64, max_inflight_tokens: 10000000, data_parallel_size: 2}\n", e.HTTPAddr())
+	g := startGateway(t, gwYAML(eps, ""))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for i := range 6 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"qwen3","max_tokens":4000,"ignore_eos":true,"prompt":"keep rank one busy %d"}`, i)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e.HTTPAddr()+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(sim.DataParallelRankHeader, "1")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	if !waitFor(10*time.Second, func() bool {
+		l := g.eps.Load("e0")
+		return len(l.Engines) == 2 && l.Engines[1].Waiting == 5 && l.Engines[1].Running == 1 && l.Engines[0].Waiting == 0
+	}) {
+		t.Fatalf("the gateway never scraped rank 1's queue: %+v", g.eps.Load("e0"))
+	}
+	for i := range 10 {
+		st, h, b := post(t, "http://"+g.Addr()+"/v1/completions", fmt.Sprintf(`{"model":"qwen3","max_tokens":1,"prompt":"a fresh prompt number %d"}`, i))
+		if st != 200 || h.Get("x-kvgate-endpoint") != "e0/dp0" {
+			t.Fatalf("request %d: %d on %q (want e0/dp0, the idle rank): %s; load %+v", i, st, h.Get("x-kvgate-endpoint"), b, g.eps.Load("e0"))
+		}
 	}
 }

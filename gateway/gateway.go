@@ -79,6 +79,8 @@ type Gateway struct {
 	tokens *tokenIDs
 	// tpu is the TPU slice allocator on the gateway's store (admin /admin/v1/tpu/...).
 	tpu *tpu.Allocator
+	// tpuCopy is the read-only copy of the store's TPU slices (Redis only), for requarantineTPUSlices.
+	tpuCopy tpuSlices
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -174,6 +176,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		g.wg.Go(func() { g.storeWait(runCtx, ps) })
 	}
 	g.wg.Go(func() { ps.run(runCtx) })
+	if st.Redis != nil {
+		g.wg.Go(func() { g.copyTPUSlices(runCtx) })
+	}
 
 	// Endpoints and models.
 	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
@@ -221,9 +226,9 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			g.noteStartTime(id, l.StartTime)
 		}
 		if gd := guardRef.Load(); gd != nil {
-			n := float64(ranks[id])
-			for _, rid := range route.RankIDs(id, ranks[id]) { // each rank's share of the engine's load
-				gd.NoteLoad(rid, int64(math.Ceil((l.Running+l.Waiting)/n)), l.Scraped)
+			for r, rid := range route.RankIDs(id, ranks[id]) { // each rank's own load, or an even share
+				rl := l.Rank(r, ranks[id])
+				gd.NoteLoad(rid, int64(math.Ceil(rl.Running+rl.Waiting)), l.Scraped)
 			}
 		}
 	})
@@ -533,6 +538,7 @@ var (
 	descRecov    = prometheus.NewDesc("kvgate_event_recovered_batches_total", "Undecodable KV-event batches recovered through replay.", []string{"endpoint"}, nil)
 	descIdxErr   = prometheus.NewDesc("kvgate_event_index_errors_total", "Failed or refused index writes of the endpoint's ingestion.", []string{"endpoint"}, nil)
 	descResync   = prometheus.NewDesc("kvgate_event_resyncs_total", "Rebuilds of an endpoint's index entries after a failed index write.", []string{"endpoint"}, nil)
+	descHashEv   = prometheus.NewDesc("kvgate_event_hash_evictions_total", "Engine hashes evicted from the ingester's map at index_max_engine_hashes_per_endpoint (their blocks removed from the index).", []string{"endpoint"}, nil)
 	descCfgErr   = prometheus.NewDesc("kvgate_event_config_error", "1 while the endpoint's KV events disagree with the configuration (see /readyz).", []string{"endpoint"}, nil)
 )
 
@@ -541,7 +547,7 @@ type ingestCollector struct{ g *Gateway }
 // Describe implements prometheus.Collector.
 func (c *ingestCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLag, descGap, descRep, descRF, descEv, descCon, descDecErr, descBadFrame,
-		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr, descIdxErr, descResync} {
+		descOrphan, descBSErr, descBadTS, descDemote, descRestart, descRecov, descCfgErr, descIdxErr, descResync, descHashEv} {
 		ch <- d
 	}
 }
@@ -562,7 +568,7 @@ func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCon, prometheus.GaugeValue, conn, ep)
 		for d, v := range map[*prometheus.Desc]uint64{descDecErr: s.DecodeErrors, descBadFrame: s.BadFrames,
 			descOrphan: s.Orphans, descBSErr: s.BlockSizeErrors, descBadTS: s.BadTimestamps, descDemote: s.Demotions,
-			descRestart: s.Restarts, descRecov: s.RecoveredBatches, descIdxErr: s.IndexErrors, descResync: s.Resyncs} {
+			descRestart: s.Restarts, descRecov: s.RecoveredBatches, descIdxErr: s.IndexErrors, descResync: s.Resyncs, descHashEv: s.HashEvictions} {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ep)
 		}
 		cfgErr := 0.0

@@ -33,7 +33,7 @@ func (g *Gateway) ingesterConfig(m config.Model, e config.Endpoint) kvevents.Ing
 		ReplayAddr: e.KVReplay, BlockSize: m.BlockSize, Hasher: kvstore.Hasher{Seed: g.cfg.BlockKeySeed},
 		Index: g.index, Logger: g.log, UnconfirmedTTL: g.cfg.IndexUnconfirmedTTL, ReplayTimeout: g.cfg.IndexReplayTimeout,
 		ReplayTimeoutPerBatch: g.cfg.IndexReplayTimeoutPerBatch, Instance: g.engineInstance(e.ID),
-		DataParallelSize: e.Ranks()}
+		DataParallelSize: e.Ranks(), MaxHashes: g.cfg.IndexMaxEngineHashesPerEndpoint}
 }
 
 // engineInstance returns endpoint id's instance identity for kvevents.IngesterConfig.Instance: its

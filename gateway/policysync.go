@@ -776,6 +776,9 @@ func (p *policySync) reseed(ctx context.Context, now bool) bool {
 		p.g.log.Warn("could not re-seed the store's fleet state", "error", err.Error())
 		return false
 	}
+	if hasCopy {
+		p.g.requarantineTPUSlices(ctx) // the store lost its TPU slices and leases with the rest
+	}
 	switch {
 	case won && hasCopy:
 		p.g.log.Warn("the store had lost its fleet state (restarted empty?): re-seeded it from this gateway's copy",

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
@@ -120,4 +121,81 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// Issue 12 item 3: a Redis restarted empty loses the registered TPU slices and their leases, while the
+// holders may still be using the chips. Two gateways on one real redis-server: a slice registered and
+// leased (4 s) through a, one host marked unhealthy; Redis restarts empty. The slice comes back, checked
+// through b, with every chip quarantined (a whole-slice lease) until after the lost lease would have
+// expired, and the host still unhealthy: b can reserve nothing before that, and can after. Before the fix
+// the slice was gone.
+func TestTPUSlicesQuarantinedAfterEmptyRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server")
+	}
+	rs := redistest.Start(t)
+	engines := startSims(t, 1, nil)
+	yaml := gwYAML(simEndpointsYAML(engines, 64), fmt.Sprintf("store: {kind: redis, addrs: [%q]}\n", rs.Addr))
+	a := startGateway(t, yaml)
+	b := startGateway(t, yaml)
+	const base = "/admin/v1/tpu/pools/fleet"
+	if st, m := tpuAdmin(t, a, "POST", base+"/slices", `{"id":"s1","generation":"v6e","topology":"4x4","hosts":[{"name":"h0","worker_id":0},{"name":"h1","worker_id":1},{"name":"h2","worker_id":2},{"name":"h3","worker_id":3}]}`, "admintok"); st != 201 {
+		t.Fatalf("register: %d %v", st, m)
+	}
+	if st, m := tpuAdmin(t, a, "POST", base+"/slices/s1/health", `{"host":"h3","healthy":false}`, "admintok"); st != 200 {
+		t.Fatalf("health: %d %v", st, m)
+	}
+	st, l := tpuAdmin(t, a, "POST", base+"/leases", `{"shape":"2x4","holder":"job-a","ttl":"4s"}`, "admintok")
+	if st != 201 {
+		t.Fatalf("reserve through a: %d %v", st, l)
+	}
+	lost, err := time.Parse(time.RFC3339Nano, l["expires_at"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2*tpuCopyInterval + 2*PolicyReconcileInterval) // both gateways have copied the slice and the fleet state
+	rs.Restart()
+	slice := func() map[string]any {
+		st, p := tpuAdmin(t, b, "GET", base, "", "admintok")
+		if st != 200 {
+			return nil
+		}
+		ss, _ := p["slices"].([]any)
+		if len(ss) != 1 {
+			return nil
+		}
+		return ss[0].(map[string]any)
+	}
+	var s map[string]any
+	if !waitFor(10*time.Second, func() bool { s = slice(); return s != nil && len(s["leases"].([]any)) == 1 }) {
+		t.Fatalf("the slice never came back quarantined (through b): %v", s)
+	}
+	q := s["leases"].([]any)[0].(map[string]any)
+	until, err := time.Parse(time.RFC3339Nano, q["expires_at"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q["holder"] != tpuQuarantineHolder || q["chip_count"] != 16.0 || s["free_chips"] != 0.0 || s["unhealthy_chips"] != 4.0 || until.Before(lost) {
+		t.Fatalf("quarantine %v until %v (the lost lease ran until %v); slice %v", q, until, lost, s)
+	}
+	for {
+		st, m := tpuAdmin(t, b, "POST", base+"/leases", `{"shape":"2x2","holder":"job-b","ttl":"1m"}`, "admintok")
+		now := time.Now()
+		if st == 201 {
+			if now.Before(until) {
+				t.Fatalf("a chip was allocated at %v, before the quarantine's end %v: %v", now, until, m)
+			}
+			break
+		}
+		if code := m["error"].(map[string]any)["code"]; st != 409 || code != "no_capacity" {
+			t.Fatalf("during the quarantine: %d %v", st, m)
+		}
+		if now.After(until.Add(3 * time.Second)) {
+			t.Fatalf("still no capacity 3 s after the quarantine's end %v", until)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s = slice(); s["free_chips"] != 8.0 { // 16 − 4 on the unhealthy host − 4 just leased
+		t.Fatalf("after the quarantine: %v", s)
+	}
 }

@@ -130,6 +130,7 @@ type SliceInfo struct {
 	PodType        string     `json:"pod_type"`
 	GKEAccelerator string     `json:"gke_accelerator"`
 	Hosts          []HostInfo `json:"hosts"`
+	DevicesPerChip int        `json:"devices_per_chip"`
 	ChipCount      int        `json:"chip_count"`
 	LeasedChips    int        `json:"leased_chips"`
 	UnhealthyChips int        `json:"unhealthy_chips"` // on unhealthy hosts, leased or not
@@ -151,7 +152,7 @@ type PoolInfo struct {
 func sliceInfo(pool string, p *poolState, r *sliceRec, owners bool) SliceInfo {
 	g := r.gen
 	si := SliceInfo{ID: r.ID, Generation: r.Gen, Topology: r.Topo, PodType: g.PodType(r.shape.Chips()),
-		GKEAccelerator: g.GKEAccelerator, ChipCount: r.shape.Chips(), Leases: []Lease{}, FreeBlocks: map[string]int{}}
+		GKEAccelerator: g.GKEAccelerator, DevicesPerChip: r.Devices, ChipCount: r.shape.Chips(), Leases: []Lease{}, FreeBlocks: map[string]int{}}
 	bad := p.bad[r.ID]
 	for w, h := range r.Hosts {
 		si.Hosts = append(si.Hosts, HostInfo{Name: h, WorkerID: w, Healthy: !bad[w]})

@@ -152,14 +152,21 @@ type Config struct {
 	// instead of stalling requests.
 	StoreTimeout time.Duration `yaml:"store_timeout"`
 	// IndexMaxEntries bounds the in-memory index's (model, block key) entries; beyond it the least recently
-	// used are evicted (CLOCK, per shard). 0 = kvstore.DefaultMaxKeys (16 Mi, about 1.4 GB). The Redis
-	// index is bounded by Redis's own maxmemory (kvstore/RATIONALE.md).
+	// used are evicted (CLOCK, per shard). 0 = kvstore.DefaultMaxKeys (16 Mi, about 1.4 GB). On Redis it is
+	// shared evenly by every endpoint and rank as their per-endpoint bound unless
+	// index_max_entries_per_endpoint is set (IndexPerEndpointCap; kvstore/RATIONALE.md).
 	IndexMaxEntries int `yaml:"index_max_entries"`
 	// IndexMaxEntriesPerEndpoint bounds one endpoint's entries per model (0: no bound of its own), in
 	// either index: in memory its least recently used entries go (CLOCK per endpoint); on Redis an Add past
 	// it drops random ones of the endpoint's confirmed blocks (Redis 7.0 has no per-field expiry; see
 	// kvstore/RATIONALE.md). A data-parallel rank is an endpoint of its own here.
 	IndexMaxEntriesPerEndpoint int `yaml:"index_max_entries_per_endpoint"`
+	// IndexMaxEngineHashesPerEndpoint bounds the ingester's engine-hash map (engine block hash → block key)
+	// of one endpoint, or of each data-parallel rank: 0 = kvevents.DefaultMaxHashes (1 Mi; 43 to 85 bytes
+	// per hash, at most 64 MiB per endpoint). Set it well above what the engine holds (GPU + CPU blocks);
+	// an engine that announces its removals never reaches it. Beyond it the least recently stored hashes are
+	// evicted (CLOCK) and their blocks removed from the index (kvgate_event_hash_evictions_total).
+	IndexMaxEngineHashesPerEndpoint int `yaml:"index_max_engine_hashes_per_endpoint"`
 
 	// Models are the served models (at least one).
 	Models []Model `yaml:"models"`
@@ -262,8 +269,9 @@ type Endpoint struct {
 	ChatTokenIDs string `yaml:"chat_token_ids"`
 	// DataParallelSize is the engine's data-parallel ranks (vLLM --data-parallel-size; 1..64, default 1).
 	// With N ≥ 2 each rank is a routing candidate of its own, "<id>/dp<r>": its own prefix match (its KV
-	// events come from kv_events' and kv_replay's TCP port + r), its own lease and a 1/N share of the
-	// endpoint's limits and scraped load; the request carries X-data-parallel-rank: <r>.
+	// events come from kv_events' and kv_replay's TCP port + r), its own lease, a 1/N share of the
+	// endpoint's limits, and its own load from the engine's engine="<r>" metric series (vLLM; without them
+	// a 1/N share of the scraped load); the request carries X-data-parallel-rank: <r>.
 	DataParallelSize int `yaml:"data_parallel_size"`
 }
 
@@ -509,6 +517,9 @@ func (c *Config) Validate() error {
 		if d < 0 {
 			bad(key, "must be positive, got %v", d)
 		}
+	}
+	if c.IndexMaxEngineHashesPerEndpoint < 0 {
+		bad("index_max_engine_hashes_per_endpoint", "must not be negative, got %d", c.IndexMaxEngineHashesPerEndpoint)
 	}
 	if c.IndexMaxEntriesPerEndpoint < 0 {
 		bad("index_max_entries_per_endpoint", "must not be negative, got %d", c.IndexMaxEntriesPerEndpoint)

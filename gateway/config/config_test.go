@@ -194,4 +194,10 @@ func TestIndexPerEndpointCap(t *testing.T) {
 	if _, err := Parse([]byte("index_max_entries_per_endpoint: -1\n" + minimal)); err == nil || !strings.Contains(err.Error(), "index_max_entries_per_endpoint:") {
 		t.Fatalf("negative cap: %v", err)
 	}
+	if _, err := Parse([]byte("index_max_engine_hashes_per_endpoint: -1\n" + minimal)); err == nil || !strings.Contains(err.Error(), "index_max_engine_hashes_per_endpoint:") {
+		t.Fatalf("negative engine-hash cap: %v", err)
+	}
+	if c, err := Parse([]byte("index_max_engine_hashes_per_endpoint: 4096\n" + minimal)); err != nil || c.IndexMaxEngineHashesPerEndpoint != 4096 {
+		t.Fatalf("engine-hash cap: %v %+v", err, c)
+	}
 }

@@ -5,7 +5,9 @@
 // Metric names read (summed over label sets): vLLM vllm:num_requests_waiting, vllm:num_requests_running,
 // vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), all fractions in [0,1]; SGLang
 // sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage. The simulator uses vLLM's names (SGLang's
-// with --api sglang).
+// with --api sglang). vLLM labels each engine core's series engine="<index>" (its data-parallel rank;
+// vllm/v1/metrics/loggers.py): those are also kept per engine (Metrics.Engines), so a data-parallel
+// endpoint's ranks are routed on their own load (Load.Rank).
 package endpoints
 
 import (
@@ -43,6 +45,9 @@ type Load struct {
 	// StartTime is the engine's process_start_time_seconds (Unix seconds) as last scraped; 0 when its
 	// metrics have none. A change means the engine restarted.
 	StartTime float64
+	// Engines are the load figures per engine core as last scraped (Metrics.Engines; nil when the metrics
+	// carry no engine label). Use Rank for a data-parallel rank's load.
+	Engines []EngineLoad
 	// Scraped is when the metrics were last read successfully (zero: never).
 	Scraped time.Time
 	// Err is the last probe or scrape error ("" when fine).
@@ -53,11 +58,54 @@ type Load struct {
 	EjectedUntil time.Time
 }
 
+// Rank returns the load of data-parallel rank r of an endpoint with n ranks: the figures of the series
+// labelled engine="<r>" when the scrape had the running and waiting series of every rank 0..n-1 (vLLM),
+// else an even split (waiting and running / n, KV-cache usage as the endpoint's). n ≤ 1 returns l. The
+// result's Engines is nil.
+func (l Load) Rank(r, n int) Load {
+	if n <= 1 {
+		return l
+	}
+	out := l
+	out.Engines = nil
+	if r >= 0 && r < n && len(l.Engines) >= n {
+		all := true
+		for _, e := range l.Engines[:n] {
+			all = all && e.HasRunning && e.HasWaiting
+		}
+		if all {
+			e := l.Engines[r]
+			out.Waiting, out.Running = e.Waiting, e.Running
+			if e.HasKVCacheUsage {
+				out.KVCacheUsage = e.KVCacheUsage
+			}
+			return out
+		}
+	}
+	out.Waiting, out.Running = l.Waiting/float64(n), l.Running/float64(n)
+	return out
+}
+
+// EngineLoad is one engine core's load: its series labelled engine="<index>" (vLLM's engine index, the
+// data-parallel rank). The Has fields say which series the page had.
+type EngineLoad struct {
+	Waiting, Running, KVCacheUsage          float64
+	HasWaiting, HasRunning, HasKVCacheUsage bool
+}
+
+// maxEngines bounds the engine label values kept per endpoint (vLLM's data-parallel size is at most 64 in
+// config here; a larger index is summed but not kept).
+const maxEngines = 1024
+
 // Metrics is what ParseMetrics reads from a Prometheus text exposition.
 type Metrics struct {
 	// Waiting and Running are the engine's queued and running requests (summed over data-parallel ranks);
-	// KVCacheUsage is its KV-cache utilization, a fraction in [0,1].
+	// KVCacheUsage is its KV-cache utilization, a fraction in [0,1] (the mean over engine cores when the
+	// series carry an engine label, else the sum of the series, at most 1).
 	Waiting, Running, KVCacheUsage float64
+	// Engines holds the same figures per engine core, by engine="<index>" label (index 0..1023; nil when
+	// no load series has the label). An index without series has a zero EngineLoad.
+	Engines []EngineLoad
 	// StartTime is process_start_time_seconds (Unix seconds; 0 when absent): the engine process's start,
 	// which changes when it restarts.
 	StartTime float64
@@ -82,13 +130,14 @@ func ParseMetrics(page []byte) Metrics {
 		}
 		name := string(line[:end])
 		var dst *float64
+		kind := 0 // 1 waiting, 2 running, 3 KV-cache usage
 		switch name {
 		case "vllm:num_requests_waiting", "sglang:num_queue_reqs":
-			dst = &m.Waiting
+			dst, kind = &m.Waiting, 1
 		case "vllm:num_requests_running", "sglang:num_running_reqs":
-			dst = &m.Running
+			dst, kind = &m.Running, 2
 		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage":
-			dst = &m.KVCacheUsage
+			dst, kind = &m.KVCacheUsage, 3
 		case "process_start_time_seconds":
 			dst = &m.StartTime
 			if m.StartTime != 0 {
@@ -98,10 +147,16 @@ func ParseMetrics(page []byte) Metrics {
 			continue
 		}
 		rest := line[end:]
+		engine := -1
 		if rest[0] == '{' {
 			close := labelsEnd(rest)
 			if close < 0 {
 				continue
+			}
+			if ev, ok := labelValue(rest[1:close], "engine"); ok {
+				if n, err := strconv.Atoi(ev); err == nil && n >= 0 && n < maxEngines {
+					engine = n
+				}
 			}
 			rest = rest[close+1:]
 		}
@@ -115,11 +170,80 @@ func ParseMetrics(page []byte) Metrics {
 		}
 		*dst += v
 		m.Found++
+		if engine >= 0 && kind != 0 {
+			for len(m.Engines) <= engine {
+				m.Engines = append(m.Engines, EngineLoad{})
+			}
+			e := &m.Engines[engine]
+			switch kind {
+			case 1:
+				e.Waiting += v
+				e.HasWaiting = true
+			case 2:
+				e.Running += v
+				e.HasRunning = true
+			case 3:
+				e.KVCacheUsage = min(e.KVCacheUsage+v, 1)
+				e.HasKVCacheUsage = true
+			}
+		}
+	}
+	// KV-cache usage is a fraction per engine core: the endpoint's is their mean, not their sum.
+	var usage float64
+	n := 0
+	for _, e := range m.Engines {
+		if e.HasKVCacheUsage {
+			usage += e.KVCacheUsage
+			n++
+		}
+	}
+	if n > 1 {
+		m.KVCacheUsage = usage / float64(n)
 	}
 	if m.KVCacheUsage > 1 {
 		m.KVCacheUsage = 1
 	}
 	return m
+}
+
+// labelValue returns the unescaped value of label name in a label set's inside (`a="x",b="y"`), honouring
+// quoted values; false when the set has no such label or is malformed.
+func labelValue(set []byte, name string) (string, bool) {
+	for i := 0; i < len(set); {
+		for i < len(set) && (set[i] == ',' || set[i] == ' ') {
+			i++
+		}
+		eq := bytes.IndexByte(set[i:], '=')
+		if eq < 0 {
+			return "", false
+		}
+		key := strings.TrimSpace(string(set[i : i+eq]))
+		i += eq + 1
+		if i >= len(set) || set[i] != '"' {
+			return "", false
+		}
+		i++
+		var val []byte
+		for ; i < len(set) && set[i] != '"'; i++ {
+			if set[i] == '\\' && i+1 < len(set) {
+				i++
+				switch set[i] {
+				case 'n':
+					val = append(val, '\n')
+					continue
+				}
+			}
+			val = append(val, set[i])
+		}
+		if i >= len(set) {
+			return "", false
+		}
+		i++ // the closing quote
+		if key == name {
+			return string(val), true
+		}
+	}
+	return "", false
 }
 
 // labelsEnd returns the index of the '}' closing the label set at s[0], honouring quoted values.
@@ -320,6 +444,7 @@ func (s *Set) probe(ctx context.Context, st *state) {
 	default:
 		m := ParseMetrics(page)
 		st.load.Waiting, st.load.Running, st.load.KVCacheUsage = m.Waiting, m.Running, m.KVCacheUsage
+		st.load.Engines = m.Engines
 		st.load.StartTime = m.StartTime
 		st.load.Scraped = time.Now()
 		if f := s.onScrape.Load(); f != nil {

@@ -39,13 +39,68 @@ func TestParseMetrics(t *testing.T) {
 	}
 }
 
+// vLLM with --data-parallel-size 2 behind one API server labels each engine core's series engine="<rank>"
+// (vllm/v1/metrics/loggers.py, PrometheusStatLogger with engine_indexes [0, 1]).
+const vllmDPPage = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 1.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-8B"} 6.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-8B"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.1
+vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-8B"} 0.7
+vllm:engine_weird{engine="x"} 3
+`
+
+// TestParseMetricsPerEngine: per-engine series are kept by engine label; a rank's load is its own series
+// when every rank has them, an even split otherwise; KV-cache usage is the engines' mean.
+func TestParseMetricsPerEngine(t *testing.T) {
+	m := ParseMetrics([]byte(vllmDPPage))
+	if m.Running != 7 || m.Waiting != 4 || m.KVCacheUsage < 0.399 || m.KVCacheUsage > 0.401 || len(m.Engines) != 2 {
+		t.Fatalf("totals %+v", m)
+	}
+	l := Load{Healthy: true, Waiting: m.Waiting, Running: m.Running, KVCacheUsage: m.KVCacheUsage, Engines: m.Engines}
+	r0, r1 := l.Rank(0, 2), l.Rank(1, 2)
+	if r0.Running != 1 || r0.Waiting != 0 || r0.KVCacheUsage != 0.1 || r1.Running != 6 || r1.Waiting != 4 || r1.KVCacheUsage != 0.7 || !r1.Healthy {
+		t.Fatalf("ranks %+v %+v", r0, r1)
+	}
+	if one := l.Rank(0, 1); one.Running != 7 || len(one.Engines) != 2 {
+		t.Fatalf("one rank: %+v", one)
+	}
+	// A page without rank 2's series (a size-3 endpoint) falls back to the even split for every rank.
+	if r := l.Rank(1, 3); r.Running != 7.0/3 || r.Waiting != 4.0/3 || r.KVCacheUsage != m.KVCacheUsage || r.Engines != nil {
+		t.Fatalf("fallback %+v", r)
+	}
+	// No engine label (SGLang, the old simulator): even split.
+	plain := ParseMetrics([]byte("vllm:num_requests_running{model_name=\"m\"} 6\nvllm:num_requests_waiting 2\n"))
+	if plain.Engines != nil {
+		t.Fatalf("engines without the label: %+v", plain.Engines)
+	}
+	pl := Load{Running: plain.Running, Waiting: plain.Waiting}
+	if r := pl.Rank(1, 2); r.Running != 3 || r.Waiting != 1 {
+		t.Fatalf("even split %+v", r)
+	}
+	// Quoted label values with escapes and commas do not confuse the engine label.
+	q := ParseMetrics([]byte(`vllm:num_requests_running{a="x\",engine=\"9\"",engine="1"} 2` + "\n"))
+	if len(q.Engines) != 2 || q.Engines[1].Running != 2 {
+		t.Fatalf("quoted %+v", q.Engines)
+	}
+}
+
 func FuzzParseMetrics(f *testing.F) {
 	f.Add([]byte(vllmPage))
 	f.Add([]byte("vllm:kv_cache_usage_perc{a=\"\\\"}\"} 1e400\n"))
 	f.Fuzz(func(t *testing.T, page []byte) {
 		m := ParseMetrics(page)
-		if m.Waiting < 0 || m.Running < 0 || m.KVCacheUsage < 0 || m.KVCacheUsage > 1 {
+		if m.Waiting < 0 || m.Running < 0 || m.KVCacheUsage < 0 || m.KVCacheUsage > 1 || len(m.Engines) > maxEngines {
 			t.Fatalf("%+v", m)
+		}
+		for _, e := range m.Engines {
+			if e.Waiting < 0 || e.Running < 0 || e.KVCacheUsage < 0 || e.KVCacheUsage > 1 {
+				t.Fatalf("%+v", e)
+			}
 		}
 	})
 }

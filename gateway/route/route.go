@@ -96,7 +96,8 @@ type Endpoint struct {
 	// speculative entries only past the prefix the index already matched on it (see Record).
 	Events bool
 	// Base, Rank and Ranks describe a data-parallel rank (see Ranked): Base is the configured endpoint ID
-	// whose health and scraped load it shares ("" when the endpoint has one rank: ID itself), Rank its
+	// whose health it shares and whose scrape gives its load (endpoints.Load.Rank: the rank's own
+	// engine="<r>" series, else an even share; "" when the endpoint has one rank: ID itself), Rank its
 	// rank, Ranks the endpoint's data-parallel size.
 	Base        string
 	Rank, Ranks int
@@ -327,9 +328,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 		if !ld.Healthy {
 			continue
 		}
-		if e.Ranks > 1 { // a rank's share of the engine's load (its metrics sum the ranks)
-			ld.Waiting, ld.Running = ld.Waiting/float64(e.Ranks), ld.Running/float64(e.Ranks)
-		}
+		ld = ld.Rank(e.Rank, e.Ranks) // a rank's own load (vLLM's engine="<rank>" series), else an even share
 		p.Candidates = append(p.Candidates, Candidate{Endpoint: e, Load: ld})
 		ids = append(ids, kvstore.EndpointID(e.ID))
 	}

@@ -401,3 +401,103 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestIngestHashCapEvicts (#11 item 6): an engine floods 100 chains of 16 blocks (1,600 distinct engine
+// hashes, no removals) past a map cap of 256, over a real libzmq publisher, into a memory and a real Redis
+// index. The map stays within its cap; every evicted hash's block leaves the index with it, so the index
+// holds exactly the blocks the map holds; a later BlockRemoved of an evicted hash is an unknown removal
+// that touches nothing else; a later child of an evicted parent is an orphan (not indexed), while a child
+// of a mapped block is indexed. Before the cap the map held all 1,600.
+func TestIngestHashCapEvicts(t *testing.T) {
+	for _, backend := range []string{"memory", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			var idx kvstore.Index = kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+			if backend == "redis" {
+				rs := redistest.Start(t)
+				ri, err := kvstore.NewRedisIndex(rs.Client(t), kvstore.RedisConfig{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				idx = ri
+			}
+			testHashCap(t, idx)
+		})
+	}
+}
+
+func testHashCap(t *testing.T, idx kvstore.Index) {
+	const limit, chains, perChain = 256, 100, 16
+	p := startPub(t, 0, 0)
+	ing := startIngester(t, p, idx, func(c *IngesterConfig) { c.MaxHashes, c.RemovedMemory = limit, 8 })
+	p.wait(p.sub, "subscription")
+	h := kvstore.Hasher{Seed: 7}
+	type block struct {
+		eh  EngineHash
+		key kvstore.BlockKey
+	}
+	var blocks []block
+	for c := range chains {
+		toks := tokens(1+c*10_000, perChain*16)
+		hs, _ := engineHashes(t, toks, kvstore.ExtraKeys{})
+		for i, k := range h.Keys(toks, 16, kvstore.ExtraKeys{}) {
+			blocks = append(blocks, block{hs[i], k})
+		}
+		p.pub(uint64(c), storeChain(t, toks))
+	}
+	s := waitStats(t, ing, "the flood", seqIs(chains-1))
+	held := func(k kvstore.BlockKey) bool {
+		ms, err := idx.Match(context.Background(), testModel, []kvstore.BlockKey{k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ms) == 1 && ms[0].Endpoint == "e0"
+	}
+	var in, out []block
+	for _, b := range blocks {
+		if held(b.key) {
+			in = append(in, b)
+		} else {
+			out = append(out, b)
+		}
+	}
+	if s.MappedHashes > limit || s.MappedHashes < limit-perChain || s.HashEvictions != uint64(len(blocks)-s.MappedHashes) {
+		t.Fatalf("mapped %d (cap %d), evictions %d of %d blocks", s.MappedHashes, limit, s.HashEvictions, len(blocks))
+	}
+	if len(in) != s.MappedHashes {
+		t.Fatalf("the index holds %d of the blocks, the map %d", len(in), s.MappedHashes)
+	}
+
+	// A removal of an evicted hash and of a mapped one; children of an evicted and of a mapped block.
+	gone, kept, parent := out[0], in[0], in[len(in)-1]
+	p.pub(chains, mustEncode(t, batch(BlockRemoved{BlockHashes: []EngineHash{gone.eh, kept.eh}, Medium: "GPU"}), LayoutMap, HashUint))
+	childToks := tokens(9_000_000, 16)
+	orphan := BlockStored{BlockHashes: []EngineHash{1<<62 + 1}, ParentBlockHash: &gone.eh, TokenIDs: childToks, BlockSize: 16, Medium: "GPU"}
+	child := BlockStored{BlockHashes: []EngineHash{1<<62 + 2}, ParentBlockHash: &parent.eh, TokenIDs: childToks, BlockSize: 16, Medium: "GPU"}
+	p.pub(chains+1, mustEncode(t, batch(orphan, child), LayoutMap, HashUint))
+	s2 := waitStats(t, ing, "removals and children", seqIs(chains+1))
+	if s2.UnknownRemoved != s.UnknownRemoved+1 || s2.Orphans != s.Orphans+1 {
+		t.Fatalf("after the removals: unknown removed %d → %d, orphans %d → %d", s.UnknownRemoved, s2.UnknownRemoved, s.Orphans, s2.Orphans)
+	}
+	orphanKey := h.AppendKeysAfter(nil, gone.key, childToks, 16, kvstore.ExtraKeys{})[0]
+	childKey := h.AppendKeysAfter(nil, parent.key, childToks, 16, kvstore.ExtraKeys{})[0]
+	if held(kept.key) || held(orphanKey) || !held(childKey) {
+		t.Fatalf("removed mapped block held %v, orphan held %v, child of a mapped block held %v", held(kept.key), held(orphanKey), held(childKey))
+	}
+	// Stop the ingester (its goroutine owns the map) and compare map and index block by block.
+	_ = ing.Close()
+	blocks = append(blocks, block{1<<62 + 1, orphanKey}, block{1<<62 + 2, childKey})
+	mapped := 0
+	for _, b := range blocks {
+		e := ing.hashes.get(b.eh)
+		inMap := e != nil && e.refs[kvstore.TierGPU] > 0
+		if inMap {
+			mapped++
+		}
+		if inMap != held(b.key) {
+			t.Fatalf("block %x: held in the map %v, in the index %v", b.key, inMap, held(b.key))
+		}
+	}
+	if mapped < limit-perChain-1 {
+		t.Fatalf("only %d blocks held after the flood", mapped)
+	}
+}

@@ -22,11 +22,16 @@ func (he *hashEntry) held() bool {
 // engine hash (engine hashes may be small or sequential integers), backward-shift deletion. Compared with
 // a Go map it needs one probe where the map needed a lookup and then an assignment, and entries are
 // updated in place through the returned pointer (RATIONALE.md, "Follow-up O5"). Pointers are valid until
-// the next put or del.
+// the next put, del or evict.
+//
+// Memory: 32 bytes a slot, at most 4 slots for 3 entries before the table doubles, so between 43 and 85
+// bytes an entry (RATIONALE.md, "Why is the engine-hash map capped, and by CLOCK?"). The table never
+// shrinks; reset keeps it.
 type hashTable struct {
 	slots []hashSlot
 	shift uint8 // 64 - log2(len(slots))
 	count int
+	hand  uint64 // evict's CLOCK hand: the next slot it examines
 }
 
 type hashSlot struct {
@@ -40,13 +45,21 @@ const usedMark = 1 // hashEntry.refs[0] of an occupied slot
 // tier counts describe the index before the demotion, so the next BlockStored restarts them.
 const unconfirmedMark = 2
 
+// refMark is ORed into refs[0] of an entry used since evict's hand last passed it (CLOCK's reference bit):
+// touch sets it (a BlockStored of the hash or of a child), evict clears it and gives the entry a second
+// chance.
+const refMark = 4
+
+// touch marks the entry used.
+func (he *hashEntry) touch() { he.refs[0] |= refMark }
+
 // unconfirmed reports whether the entry was marked by markUnconfirmed since its last BlockStored.
 func (he *hashEntry) unconfirmed() bool { return he.refs[0]&unconfirmedMark != 0 }
 
 // confirm clears the unconfirmed mark and, if it was set, the tier counts.
 func (he *hashEntry) confirm() {
 	if he.unconfirmed() {
-		he.refs = [3]int32{usedMark}
+		he.refs = [3]int32{usedMark | he.refs[0]&refMark}
 	}
 }
 
@@ -107,7 +120,8 @@ func (t *hashTable) get(h EngineHash) *hashEntry {
 	}
 }
 
-// put returns h's entry, adding a zero one (no key, no refs) when there is none; added reports that.
+// put returns h's entry, adding a zero one (no key, no tier counts, referenced) when there is none; added
+// reports that. put never evicts: a bounded caller evicts first (Ingester.makeRoom).
 func (t *hashTable) put(h EngineHash) (e *hashEntry, added bool) {
 	if (t.count+1)*4 > len(t.slots)*3 {
 		t.grow()
@@ -119,7 +133,7 @@ func (t *hashTable) put(h EngineHash) (e *hashEntry, added bool) {
 			return &t.slots[p].e, false
 		}
 	}
-	t.slots[p] = hashSlot{h: h, e: hashEntry{refs: [3]int32{usedMark}}}
+	t.slots[p] = hashSlot{h: h, e: hashEntry{refs: [3]int32{usedMark | refMark}}} // referenced: see evict
 	t.count++
 	return &t.slots[p].e, true
 }
@@ -157,6 +171,38 @@ func (t *hashTable) del(h EngineHash) {
 			break
 		}
 	}
+	t.delAt(i)
+}
+
+// evict removes one entry in CLOCK order and returns it (false when the table is empty): the hand walks
+// the slots, clearing the reference bit of each used entry it passes (a second chance) and evicting the
+// first whose bit was clear. New entries start referenced (touch), so a flood of fresh entries evicts
+// entries about one to two sweeps old rather than the newest. Slot order is hash order, not age: this
+// approximates LRU as the memory index's CLOCK does.
+func (t *hashTable) evict() (EngineHash, hashEntry, bool) {
+	if t.count == 0 {
+		return 0, hashEntry{}, false
+	}
+	mask := uint64(len(t.slots) - 1)
+	for i := t.hand & mask; ; i = (i + 1) & mask {
+		sl := &t.slots[i]
+		if sl.e.refs[0] == 0 {
+			continue
+		}
+		if sl.e.refs[0]&refMark != 0 {
+			sl.e.refs[0] &^= refMark
+			continue
+		}
+		h, e := sl.h, sl.e
+		t.delAt(i)
+		t.hand = i // the backward shift may have moved a later entry into slot i: it is examined next
+		return h, e, true
+	}
+}
+
+// delAt removes the entry in slot i, shifting later entries of its probe run back.
+func (t *hashTable) delAt(i uint64) {
+	mask := uint64(len(t.slots) - 1)
 	for {
 		t.slots[i] = hashSlot{}
 		j := i
@@ -181,4 +227,5 @@ func (t *hashTable) del(h EngineHash) {
 func (t *hashTable) reset() {
 	clear(t.slots)
 	t.count = 0
+	t.hand = 0
 }

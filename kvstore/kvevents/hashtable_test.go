@@ -51,3 +51,62 @@ func TestHashTableModel(t *testing.T) {
 		t.Fatal("reset left entries")
 	}
 }
+
+// TestHashTableEvictCLOCK bounds the table at 1,000 entries while 20,000 fresh hashes arrive and 50 hot
+// ones are touched after every 100 arrivals: evict must return entries the model holds (each once), keep
+// every answer of get right after its backward shifts, and never evict a hot entry (CLOCK's second chance:
+// a hot entry is touched again before the hand comes round twice). The hot entries arrive after the first
+// eviction: that one finds every entry referenced, sweeps once and evicts where it started, whatever it is.
+func TestHashTableEvictCLOCK(t *testing.T) {
+	const limit, fresh, hot = 1000, 20000, 50
+	rng := rand.New(rand.NewPCG(5, 6))
+	var tb hashTable
+	model := map[EngineHash]kvstore.BlockKey{}
+	add := func(h EngineHash) {
+		for tb.len() >= limit {
+			eh, e, ok := tb.evict()
+			if !ok {
+				t.Fatal("evict on a full table reported empty")
+			}
+			k, had := model[eh]
+			if !had || k != e.key {
+				t.Fatalf("evicted %d (key %d), model has %d (%v)", eh, e.key, k, had)
+			}
+			if eh < hot {
+				t.Fatalf("hot entry %d evicted", eh)
+			}
+			delete(model, eh)
+		}
+		e, added := tb.put(h)
+		if !added {
+			t.Fatalf("put(%d) found an entry", h)
+		}
+		e.key = kvstore.BlockKey(rng.Uint64())
+		model[h] = e.key
+	}
+	for i := range limit + 1 {
+		add(EngineHash(hot + fresh + i))
+	}
+	for h := range EngineHash(hot) {
+		add(h)
+	}
+	for i := range fresh {
+		add(EngineHash(hot + i))
+		if i%100 == 0 {
+			for h := range EngineHash(hot) {
+				tb.get(h).touch()
+			}
+		}
+		if tb.len() != len(model) || tb.len() > limit {
+			t.Fatalf("arrival %d: len %d, model %d, limit %d", i, tb.len(), len(model), limit)
+		}
+	}
+	for h, k := range model {
+		if e := tb.get(h); e == nil || e.key != k {
+			t.Fatalf("get(%d) = %v, want key %d", h, e, k)
+		}
+	}
+	if _, _, ok := (&hashTable{}).evict(); ok {
+		t.Fatal("evict on an empty table returned an entry")
+	}
+}

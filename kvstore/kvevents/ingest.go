@@ -80,9 +80,21 @@ type IngesterConfig struct {
 	// token-less placeholder that follows the removal (vLLM appends the offload connector's events after the
 	// KV manager's in the same batch) still finds its block key.
 	RemovedMemory int
+	// MaxHashes bounds the engine-hash map (engine block hash → block key, one per block the engine holds,
+	// plus RemovedMemory recently removed ones), per endpoint and per data-parallel rank; 0 =
+	// DefaultMaxHashes. It should sit well above what the engine can hold (its GPU + CPU blocks): an engine
+	// that announces its removals never reaches it. Beyond it the least recently used hashes are evicted
+	// (CLOCK; a hash is used when it or a child is stored) and their blocks removed from the index in the same
+	// batch (Stats.HashEvictions); a later BlockRemoved of an evicted hash is counted in UnknownRemoved, a
+	// later child of one in Orphans. Memory: 43 to 85 bytes per hash (32-byte slots, load ≤ 3/4, doubling).
+	MaxHashes int
 	// Now is the clock for Stats.Lag; nil = time.Now.
 	Now func() time.Time
 }
+
+// DefaultMaxHashes is IngesterConfig.MaxHashes when unset: 1 Mi engine hashes, at most 64 MiB per endpoint
+// (a 2 Mi-slot table), several times the blocks of a large engine's GPU and CPU caches.
+const DefaultMaxHashes = 1 << 20
 
 // Stats are one Ingester's counters, as of the call to Stats. Counters only grow (across reconnects).
 type Stats struct {
@@ -166,8 +178,11 @@ type Stats struct {
 	// cleared by the next BlockStored that agrees with it.
 	ConfigError string
 	// MappedHashes is the number of engine hashes currently mapped to block keys (held ones plus up to
-	// IngesterConfig.RemovedMemory recently removed ones).
+	// IngesterConfig.RemovedMemory recently removed ones), at most IngesterConfig.MaxHashes.
 	MappedHashes int
+	// HashEvictions counts engine hashes evicted from the map at IngesterConfig.MaxHashes (their blocks were
+	// removed from the index with the batch that evicted them).
+	HashEvictions uint64
 }
 
 // RankEndpoint names data-parallel rank r of endpoint ep in the index: "<ep>/dp<r>".
@@ -211,6 +226,8 @@ type Ingester struct {
 	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
 	hashes      hashTable
 	keyBuf      []kvstore.BlockKey
+	evictGPU    []kvstore.BlockKey // makeRoom scratch: evicted blocks held on GPU, on CPU
+	evictCPU    []kvstore.BlockKey
 	arena       arena              // decode scratch, reused batch after batch
 	ops         []pendingOp        // the current batch's index updates, in order
 	opKeys      []kvstore.BlockKey // their keys, back to back (op i spans ops[i].start up to ops[i+1].start)
@@ -279,6 +296,9 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 	}
 	if cfg.RemovedMemory <= 0 {
 		cfg.RemovedMemory = 4096
+	}
+	if cfg.MaxHashes <= 0 {
+		cfg.MaxHashes = DefaultMaxHashes
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -1040,7 +1060,7 @@ type pending struct {
 // applyCounts gathers one batch's counters so Stats is locked once per batch.
 type applyCounts struct {
 	blocks, blockSizeErrors, badEvents, orphans, unresolved, unknownRemoved, unknownMedium, conflicts,
-	indexErrors, clears, otherGroups uint64
+	indexErrors, clears, otherGroups, hashEvictions uint64
 	cleared bool
 }
 
@@ -1056,6 +1076,7 @@ func (c *applyCounts) addTo(s *Stats) {
 	s.OtherGroupEvents += c.otherGroups
 	s.IndexErrors += c.indexErrors
 	s.Clears += c.clears
+	s.HashEvictions += c.hashEvictions
 	if c.cleared {
 		s.Resyncing = false
 		s.UnconfirmedUntil = time.Time{}
@@ -1144,6 +1165,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 				continue
 			}
 			he.confirm()
+			he.touch()
 			he.refs[tier]++
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
@@ -1179,10 +1201,17 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 				c.orphans++
 				return
 			}
+			parent.touch()
 			keys = in.cfg.Hasher.AppendKeysAfter(keys, parent.key, e.TokenIDs, e.BlockSize, extra)
 		}
 		in.keyBuf = keys
+		// Room for the event's hashes first, so its evictions' removals go to the index as one update before
+		// its additions (a hash already mapped is counted too: the map may stay up to one event below its cap).
+		in.makeRoom(len(e.BlockHashes), c)
 		for i, h := range e.BlockHashes {
+			if in.hashes.len() >= in.cfg.MaxHashes && in.hashes.get(h) == nil {
+				in.makeRoom(1, c) // an event longer than the cap
+			}
 			he, added := in.hashes.put(h)
 			if added {
 				he.key = keys[i]
@@ -1190,6 +1219,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 				c.conflicts++
 			}
 			he.confirm()
+			he.touch()
 			he.refs[tier]++
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
@@ -1197,6 +1227,43 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			}
 		}
 	}
+}
+
+// makeRoom evicts engine hashes (CLOCK, hashTable.evict) until n more fit within IngesterConfig.MaxHashes,
+// and queues the removal of their blocks from the index, in order with the batch's other updates, so the
+// index never keeps a confirmed entry the map cannot resolve (a later BlockRemoved could not remove it).
+// An unconfirmed entry's block is left to age out of the index, as a BlockRemoved would leave it. Why
+// remove rather than demote: RATIONALE.md, "Why is the engine-hash map capped, and by CLOCK?".
+func (in *Ingester) makeRoom(n int, c *applyCounts) {
+	excess := in.hashes.len() + n - in.cfg.MaxHashes
+	if excess <= 0 {
+		return
+	}
+	for range excess {
+		_, e, ok := in.hashes.evict()
+		if !ok {
+			break
+		}
+		c.hashEvictions++
+		if e.unconfirmed() {
+			continue
+		}
+		if e.refs[kvstore.TierGPU] > 0 {
+			in.evictGPU = append(in.evictGPU, e.key)
+		}
+		if e.refs[kvstore.TierCPU] > 0 {
+			in.evictCPU = append(in.evictCPU, e.key)
+		}
+	}
+	if len(in.evictGPU) > 0 {
+		in.beginOp(kvstore.TierGPU, true)
+		in.opKeys = append(in.opKeys, in.evictGPU...)
+	}
+	if len(in.evictCPU) > 0 {
+		in.beginOp(kvstore.TierCPU, true)
+		in.opKeys = append(in.opKeys, in.evictCPU...)
+	}
+	in.evictGPU, in.evictCPU = in.evictGPU[:0], in.evictCPU[:0]
 }
 
 // beginOp makes the last queued update an Add (remove false) or Remove on tier, so that keys appended to

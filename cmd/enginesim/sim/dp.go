@@ -58,7 +58,8 @@ func (e *Engine) setPeaks() {
 }
 
 // sumRankGauges sets the front engine's running and waiting gauges to the ranks' sums and the KV-cache
-// usage to their mean (vLLM labels these per engine; the simulator exports one series per metric).
+// usage to their mean: SGLang's names have one series per metric (vLLM's are labelled per engine, each
+// rank setting its own: updateGauges).
 func (e *Engine) sumRankGauges() {
 	var run, wait int64
 	var usage float64
@@ -70,9 +71,10 @@ func (e *Engine) sumRankGauges() {
 		wait += rk.rg.waiting.Load()
 		usage += math.Float64frombits(rk.rg.usage.Load())
 	}
-	e.m.running.Set(float64(run))
-	e.m.waiting.Set(float64(wait))
-	e.m.usage.Set(usage / float64(len(e.ranks)))
+	rg, wg, ug := e.m.loadGauges(0)
+	rg.Set(float64(run))
+	wg.Set(float64(wait))
+	ug.Set(usage / float64(len(e.ranks)))
 }
 
 // pickRank returns the engine that serves an HTTP request: e without data-parallel ranks; else the rank

@@ -96,6 +96,9 @@ func StartWithLogger(ctx context.Context, cfg Config, log *slog.Logger) (*Engine
 	e.m.startTime.Set(float64(time.Now().UnixNano()) / 1e9)
 	e.dm = newDialectMetrics(e.m, cfg.servedNames()[0])
 	e.faults.set(cfg.Faults)
+	for r := range max(cfg.DataParallelSize, 1) {
+		e.m.loadGauges(r) // every engine core's load series exists from the start, at 0 (as vLLM's)
+	}
 	if cfg.DataParallelSize >= 2 {
 		if err := e.startRanks(); err != nil {
 			return nil, err
@@ -603,12 +606,15 @@ func (e *Engine) cacheOutputBlock(r *request) {
 func (e *Engine) updateGauges() {
 	if e.parent != nil {
 		e.rg.store(len(e.running), len(e.waiting), e.usage())
-		e.parent.sumRankGauges()
-		return
+		if !e.m.perEngine {
+			e.parent.sumRankGauges()
+			return
+		}
 	}
-	e.m.running.Set(float64(len(e.running)))
-	e.m.waiting.Set(float64(len(e.waiting)))
-	e.m.usage.Set(e.usage())
+	run, wait, usage := e.m.loadGauges(e.rank)
+	run.Set(float64(len(e.running)))
+	wait.Set(float64(len(e.waiting)))
+	usage.Set(e.usage())
 }
 
 // usage is the KV-cache usage vLLM would report: GPU blocks holding computed tokens of running requests,

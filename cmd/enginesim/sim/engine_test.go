@@ -492,10 +492,10 @@ func TestKVCacheUsageDuringRequest(t *testing.T) {
 	// 160 prompt tokens = 10 blocks, plus at most a few blocks of output so far; 73 blocks are reserved.
 	// The gauge is set when the step that emitted the first token is booked, which may be just after the
 	// token reached us: wait for it to leave 0.
-	u := metric(t, e, `vllm:kv_cache_usage_perc{model_name="m"}`)
+	u := metric(t, e, `vllm:kv_cache_usage_perc{engine="0",model_name="m"}`)
 	for deadline := time.Now().Add(2 * time.Second); u == 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
-		u = metric(t, e, `vllm:kv_cache_usage_perc{model_name="m"}`)
+		u = metric(t, e, `vllm:kv_cache_usage_perc{engine="0",model_name="m"}`)
 	}
 	if u < 0.10 || u > 0.20 {
 		t.Fatalf("usage %v, want 0.10..0.20", u)

@@ -78,7 +78,7 @@ func get(t testing.TB, e *Engine, path string) httpResult {
 }
 
 // metric returns the value of the sample whose name and labels text start the line (e.g.
-// `vllm:num_requests_running{model_name="m"}`), or -1 when absent.
+// `vllm:num_requests_running{engine="0",model_name="m"}`), or -1 when absent.
 func metric(t testing.TB, e *Engine, sample string) float64 {
 	t.Helper()
 	r := get(t, e, "/metrics")

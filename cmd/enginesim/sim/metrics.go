@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -10,7 +12,11 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	running, waiting, usage       prometheus.Gauge
+	// running, waiting and usage are the load gauges a router scrapes: with vLLM's names, one series per
+	// engine core labelled engine="<data-parallel rank>" (engine="0" without ranks), as vLLM's
+	// PrometheusStatLogger labels them; with SGLang's, one series (ranks summed). See loadGauges.
+	running, waiting, usage       *prometheus.GaugeVec
+	perEngine                     bool
 	peakRunning, peakInFlight     prometheus.Gauge
 	prefixQueries, prefixHits     prometheus.Counter
 	externalQueries, externalHits prometheus.Counter
@@ -57,6 +63,11 @@ func newMetrics(modelName, api string) *metrics {
 		reg.MustRegister(h)
 		return h
 	}
+	gaugeVec := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: l}, labels)
+		reg.MustRegister(g)
+		return g
+	}
 	counterVec := func(name, help string, labels ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l}, labels)
 		reg.MustRegister(c)
@@ -70,13 +81,14 @@ func newMetrics(modelName, api string) *metrics {
 		Help: "Start time of the process since unix epoch in seconds."})
 	reg.MustRegister(m.startTime)
 	if api == APISGLang {
-		m.running = gauge("sglang:num_running_reqs", "The number of running requests.")
-		m.waiting = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-		m.usage = gauge("sglang:token_usage", "The token usage.")
+		m.running = gaugeVec("sglang:num_running_reqs", "The number of running requests.")
+		m.waiting = gaugeVec("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+		m.usage = gaugeVec("sglang:token_usage", "The token usage.")
 	} else {
-		m.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-		m.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-		m.usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+		m.perEngine = true
+		m.running = gaugeVec("vllm:num_requests_running", "Number of requests in model execution batches.", "engine")
+		m.waiting = gaugeVec("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "engine")
+		m.usage = gaugeVec("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "engine")
 	}
 	m.peakRunning = gauge("enginesim:peak_running_requests", "Highest number of requests ever running at once (at most --max-num-seqs).")
 	m.peakInFlight = gauge("enginesim:peak_inflight_requests", "Highest number of requests ever held at once, running plus waiting (what clients sent concurrently).")
@@ -98,4 +110,14 @@ func newMetrics(modelName, api string) *metrics {
 	m.eventBatchesDropped = counter("enginesim:kv_event_batches_dropped_total", "KV-event batches not sent on purpose (fault injection).")
 	m.faults = counterVec("enginesim:faults_injected_total", "Faults injected, by kind.", "kind")
 	return m
+}
+
+// loadGauges returns the running, waiting and KV-cache usage gauges of engine core rank (its
+// data-parallel rank, 0 without ranks): vLLM's series labelled engine="<rank>", or SGLang's single series.
+func (m *metrics) loadGauges(rank int) (running, waiting, usage prometheus.Gauge) {
+	var lv []string
+	if m.perEngine {
+		lv = []string{strconv.Itoa(rank)}
+	}
+	return m.running.WithLabelValues(lv...), m.waiting.WithLabelValues(lv...), m.usage.WithLabelValues(lv...)
 }
