@@ -3,6 +3,7 @@ package kvstore
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -146,10 +147,11 @@ func (r *RedisIndex) blockKeys(model string, head []string, keys []BlockKey, pre
 // matchChunk is the most block keys one MGET of Match asks for.
 const matchChunk = 4000
 
-// Match implements Index in one round trip, the runs computed here from the blocks' values. On one server
-// it pipelines MGET (chunks of 4,000 keys) and TIME; on Redis Cluster, where TIME would go to a random
-// node, one EVALSHA reads the clock and MGETs the blocks on the model's master (it stops after the first
-// chunk that ends in a missing block).
+// Match implements Index. A prompt whose block 0 nobody holds costs one lookup: on one server block 0 is
+// read first (GET, pipelined with TIME), and only when it is held are the other blocks read (MGETs of 4,000
+// keys, a second round trip); on Redis Cluster, where TIME would go to a random node, one EVALSHA reads the
+// clock, block 0, then the rest in chunks on the model's master, stopping after the first chunk that ends
+// in a missing block.
 func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	if len(keys) == 0 || model == "" {
 		return nil, nil
@@ -173,26 +175,40 @@ func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) (
 	return matchRuns(now, vals)
 }
 
-// matchPipelined is Match on one server: MGETs and TIME in one pipeline (no script: the values cross no
-// Lua boundary, which costs about as much Redis CPU as the MGET itself). The clock is read right after the
-// blocks, in the same single-threaded server; only speculative expiry depends on it.
+// matchPipelined is Match on one server, without a script (the values cross no Lua boundary, which costs
+// about as much Redis CPU as the MGET itself): GET of block 0 and TIME in one pipeline, then, if block 0 is
+// held, MGETs of the other blocks. The clock is read right beside the blocks, in the same single-threaded
+// server; only speculative expiry depends on it.
 func (r *RedisIndex) matchPipelined(ctx context.Context, names []string) ([]EndpointMatch, error) {
 	p := r.c.Pipeline()
-	gets := make([]*redis.SliceCmd, 0, (len(names)+matchChunk-1)/matchChunk)
-	for i := 0; i < len(names); i += matchChunk {
-		gets = append(gets, p.MGet(ctx, names[i:min(i+matchChunk, len(names))]...))
-	}
+	first := p.Get(ctx, names[0])
 	tm := p.Time(ctx)
-	if _, err := p.Exec(ctx); err != nil {
+	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
-	now := tm.Val().UnixMilli()
-	vals := gets[0].Val()
-	for _, g := range gets[1:] {
-		if len(vals) > 0 && vals[len(vals)-1] == nil {
-			break // the runs end before this chunk
+	if first.Err() != nil { // redis.Nil: nobody holds block 0
+		if errors.Is(first.Err(), redis.Nil) {
+			return nil, nil
 		}
-		vals = append(vals, g.Val()...)
+		return nil, fmt.Errorf("kvstore: redis match: %w", first.Err())
+	}
+	now := tm.Val().UnixMilli()
+	vals := []any{first.Val()}
+	if rest := names[1:]; len(rest) > 0 {
+		p := r.c.Pipeline()
+		gets := make([]*redis.SliceCmd, 0, (len(rest)+matchChunk-1)/matchChunk)
+		for i := 0; i < len(rest); i += matchChunk {
+			gets = append(gets, p.MGet(ctx, rest[i:min(i+matchChunk, len(rest))]...))
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("kvstore: redis match: %w", err)
+		}
+		for _, g := range gets {
+			if vals[len(vals)-1] == nil {
+				break // the runs end before this chunk
+			}
+			vals = append(vals, g.Val()...)
+		}
 	}
 	return matchRuns(now, vals)
 }
@@ -280,39 +296,78 @@ func matchRuns(now int64, vals []any) ([]EndpointMatch, error) {
 	return out, nil
 }
 
-// Add implements Index (one EVALSHA).
+// Add implements Index (one EVALSHA per writeSlice keys, pipelined in one round trip).
 func (r *RedisIndex) Add(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
-	return r.addRemove(ctx, nil, "add", scriptIndexAdd, model, ep, tier, keys)
+	return r.addRemove(ctx, nil, "add", false, model, ep, tier, keys)
 }
 
-// Remove implements Index (one EVALSHA).
+// Remove implements Index (one EVALSHA per writeSlice keys, pipelined in one round trip).
 func (r *RedisIndex) Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
-	return r.addRemove(ctx, nil, "remove", scriptIndexRemove, model, ep, tier, keys)
+	return r.addRemove(ctx, nil, "remove", true, model, ep, tier, keys)
 }
 
-// addRemove is Add (s = scriptIndexAdd) or Remove, fenced by f unless nil.
-func (r *RedisIndex) addRemove(ctx context.Context, f *Fence, op string, s *redis.Script, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+// addRemove is Add or Remove (remove set), fenced by f unless nil: one Update through apply.
+func (r *RedisIndex) addRemove(ctx context.Context, f *Fence, op string, remove bool, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
 	if err := checkNames(op, model, ep); err != nil {
 		return err
 	}
 	if err := checkTier(op, tier); err != nil {
 		return err
 	}
-	if len(keys) == 0 {
-		return nil
-	}
-	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
-	if s == scriptIndexAdd {
-		args = append(args, r.epCap) // the endpoint's cap (index_add.lua), before the fence's argument
-	}
-	s, names, args = r.fencedCall(model, f, s, names, args)
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr(op, err)
-	}
-	return nil
+	return r.apply(ctx, f, op, model, []Update{{Endpoint: ep, Tier: tier, Remove: remove, Keys: keys}})
 }
 
-// Record implements Index (one EVALSHA). TTLs are rounded up to whole milliseconds.
+// Bounded work: no script this index runs visits more than this many blocks, so no Redis call runs longer
+// than a few milliseconds whatever the input (issue 14; RATIONALE.md, "Bounded Redis calls"). Writes of
+// more keys are split into several scripts pipelined in one round trip; clears, demotions and the
+// per-endpoint cap work in slices of this size, one round trip each, until done.
+const (
+	writeSlice = 256
+	clearSlice = 64
+)
+
+// scriptCall is one EVALSHA of a pipeline.
+type scriptCall struct {
+	s    *redis.Script
+	keys []string
+	args []any
+}
+
+// runScripts runs calls in one pipeline; on NOSCRIPT (a Redis restart or SCRIPT FLUSH) it loads the
+// scripts and sends the whole pipeline again, which is safe because every write here is idempotent in
+// sequence.
+func (r *RedisIndex) runScripts(ctx context.Context, calls []scriptCall) error {
+	if len(calls) == 1 {
+		c := calls[0]
+		return c.s.Run(ctx, r.c, c.keys, c.args...).Err()
+	}
+	send := func() error {
+		p := r.c.Pipeline()
+		for _, c := range calls {
+			c.s.EvalSha(ctx, p, c.keys, c.args...)
+		}
+		_, err := p.Exec(ctx)
+		return err
+	}
+	err := send()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		loaded := map[*redis.Script]bool{}
+		for _, c := range calls {
+			if loaded[c.s] {
+				continue
+			}
+			loaded[c.s] = true
+			if lerr := c.s.Load(ctx, r.c).Err(); lerr != nil {
+				return fmt.Errorf("load script: %w", lerr)
+			}
+		}
+		err = send()
+	}
+	return err
+}
+
+// Record implements Index (one EVALSHA per writeSlice keys, pipelined). TTLs are rounded up to whole
+// milliseconds.
 func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, keys []BlockKey, ttl time.Duration) error {
 	if err := checkNames("record", model, ep); err != nil {
 		return err
@@ -325,15 +380,43 @@ func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, ke
 	}
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
 	mp := r.modelPrefix(model)
-	names, args := r.blockKeys(model, []string{mp + "s:" + string(ep)}, keys, string(ep), strconv.FormatInt(int64(ms), 10), mp+"b:")
-	if err := scriptIndexRecord.Run(ctx, r.c, names, args...).Err(); err != nil {
+	var calls []scriptCall
+	for i := 0; i < len(keys); i += writeSlice {
+		names, args := r.blockKeys(model, []string{mp + "s:" + string(ep)}, keys[i:min(i+writeSlice, len(keys))], string(ep), strconv.FormatInt(int64(ms), 10), mp+"b:")
+		calls = append(calls, scriptCall{scriptIndexRecord, names, args})
+	}
+	if err := r.runScripts(ctx, calls); err != nil {
 		return fmt.Errorf("kvstore: redis record: %w", err)
 	}
 	return nil
 }
 
-// ClearEndpoint implements Index (one EVALSHA, visiting only ep's own blocks through its reverse set and
-// speculative ZSET; no keyspace scan).
+// sliced runs a slice script (it visits at most clearSlice blocks and returns how many members it left)
+// until nothing is left, one round trip per slice. Writers that keep adding while it runs (a gateway's
+// speculative Record during a ClearEndpoint) cannot keep it going for ever: it stops after the slices the
+// first answer called for, plus 16.
+func (r *RedisIndex) sliced(ctx context.Context, op string, s *redis.Script, keys []string, args []any) error {
+	limit := int64(-1)
+	for n := int64(0); ; n++ {
+		left, err := s.Run(ctx, r.c, keys, args...).Int64()
+		if err != nil {
+			return redisErr(op, err)
+		}
+		if limit < 0 {
+			limit = left/clearSlice + 16
+		}
+		if left == 0 || n >= limit {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kvstore: redis %s: %w", op, err)
+		}
+	}
+}
+
+// ClearEndpoint implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting only ep's own
+// blocks through its reverse set and speculative ZSET (no keyspace scan). Not atomic as a whole: a Match
+// meanwhile may see part of ep's entries gone.
 func (r *RedisIndex) ClearEndpoint(ctx context.Context, model string, ep EndpointID) error {
 	return r.clearEndpoint(ctx, nil, model, ep)
 }
@@ -343,15 +426,12 @@ func (r *RedisIndex) clearEndpoint(ctx context.Context, f *Fence, model string, 
 		return err
 	}
 	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:"})
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr("clear endpoint", err)
-	}
-	return nil
+	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+	return r.sliced(ctx, "clear endpoint", s, names, args)
 }
 
-// ClearConfirmed implements Index (one EVALSHA, visiting only the blocks on ep's reverse set; its
-// speculative ZSET and live speculative holds stay).
+// ClearConfirmed implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting only the
+// blocks on ep's reverse set; its speculative ZSET and live speculative holds stay.
 func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep EndpointID) error {
 	return r.clearConfirmed(ctx, nil, model, ep)
 }
@@ -361,15 +441,13 @@ func (r *RedisIndex) clearConfirmed(ctx context.Context, f *Fence, model string,
 		return err
 	}
 	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:"})
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr("clear confirmed", err)
-	}
-	return nil
+	s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+	return r.sliced(ctx, "clear confirmed", s, names, args)
 }
 
-// Demote implements Demoter (one EVALSHA, visiting only the blocks on ep's reverse set). TTLs are rounded up
-// to whole milliseconds; expiry is on the Redis server's clock, like Record's.
+// Demote implements Demoter, in slices of clearSlice blocks (one EVALSHA each), visiting only the blocks on
+// ep's reverse set. TTLs are rounded up to whole milliseconds; expiry is on the Redis server's clock, like
+// Record's.
 func (r *RedisIndex) Demote(ctx context.Context, model string, ep EndpointID, ttl time.Duration) error {
 	return r.demote(ctx, nil, model, ep, ttl)
 }
@@ -384,9 +462,6 @@ func (r *RedisIndex) demote(ctx context.Context, f *Fence, model string, ep Endp
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
 	mp := r.modelPrefix(model)
 	s, names, args := r.fencedCall(model, f, scriptIndexDemote, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)},
-		[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:"})
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr("demote", err)
-	}
-	return nil
+		[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:", clearSlice})
+	return r.sliced(ctx, "demote", s, names, args)
 }
