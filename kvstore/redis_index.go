@@ -29,6 +29,11 @@ type RedisConfig struct {
 	// an Add past it drops random ones of the endpoint's blocks (SPOP) down to the bound, in the same script.
 	// Speculative and unconfirmed holds are bounded by their TTLs instead. 0: no bound.
 	MaxEntriesPerEndpoint int
+	// SharedRecordMaxTTL: a Record with a ttl up to this is kept out of the block keys, in the memory of
+	// every gateway on the same Redis and prefix (one PUBLISH on <Prefix>:v1:records; redis_records.go).
+	// Longer ones are written into Redis. 0 means DefaultSharedRecordMaxTTL; negative: every Record is
+	// written into Redis (the layout-v1 behaviour of earlier releases).
+	SharedRecordMaxTTL time.Duration
 }
 
 func (c RedisConfig) base() (string, error) {
@@ -89,6 +94,9 @@ type RedisIndex struct {
 	// pipelines MGET and TIME instead of running a script.
 	single bool
 	epCap  int // RedisConfig.MaxEntriesPerEndpoint
+	// bus keeps speculative records of up to recMax out of Redis (nil: SharedRecordMaxTTL < 0).
+	bus    *recordBus
+	recMax time.Duration
 }
 
 var _ Index = (*RedisIndex)(nil)
@@ -105,7 +113,24 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 	case *redis.ClusterClient, *redis.Ring:
 		single = false
 	}
-	return &RedisIndex{c: client, base: base, single: single, epCap: max(cfg.MaxEntriesPerEndpoint, 0)}, nil
+	r := &RedisIndex{c: client, base: base, single: single, epCap: max(cfg.MaxEntriesPerEndpoint, 0)}
+	if cfg.SharedRecordMaxTTL >= 0 {
+		r.recMax = cfg.SharedRecordMaxTTL
+		if r.recMax == 0 {
+			r.recMax = DefaultSharedRecordMaxTTL
+		}
+		r.bus = newRecordBus(base + "records")
+	}
+	return r, nil
+}
+
+// Close stops the index's subscription to the shared speculative records (the client stays open). The
+// index still answers afterwards, without the other gateways' records.
+func (r *RedisIndex) Close() error {
+	if r.bus == nil {
+		return nil
+	}
+	return r.bus.close()
 }
 
 // modelPrefix returns "<base>{<model>}:".
@@ -156,44 +181,89 @@ func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) (
 	if len(keys) == 0 || model == "" {
 		return nil, nil
 	}
+	var local []string // the shared speculative records' live holds, per key, as block-value records
+	var localAt func(now int64) []string
+	if r.bus != nil {
+		r.bus.start(r.c)
+		localAt = func(now int64) []string { return r.bus.cache.live(model, keys, now) }
+		local = localAt(0) // only to know whether block 0 has a hold; encoded again at the server's time
+	}
 	names, _ := r.blockKeys(model, nil, keys)
+	var now int64
+	var vals []any
+	var err error
 	if r.single {
-		return r.matchPipelined(ctx, names)
+		now, vals, err = r.matchPipelined(ctx, names, local != nil)
+	} else {
+		now, vals, err = r.matchScript(ctx, names, local != nil)
 	}
-	res, err := scriptIndexMatch.Run(ctx, r.c, names).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+		return nil, err
 	}
-	if len(res) != 2 {
-		return nil, fmt.Errorf("kvstore: redis match: reply of %d elements", len(res))
+	if local != nil {
+		local = localAt(now)
 	}
-	now, ok1 := res[0].(int64)
-	vals, ok2 := res[1].([]any)
-	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T", res[0], res[1])
+	if local != nil {
+		for len(vals) < len(keys) {
+			vals = append(vals, nil)
+		}
+		for i, l := range local {
+			if l != "" {
+				s, _ := vals[i].(string)
+				vals[i] = l + s // first: a live hold counts as GPU whatever the tiers say
+			}
+		}
 	}
 	return matchRuns(now, vals)
 }
 
-// matchPipelined is Match on one server, without a script (the values cross no Lua boundary, which costs
-// about as much Redis CPU as the MGET itself): GET of block 0 and TIME in one pipeline, then, if block 0 is
-// held, MGETs of the other blocks. The clock is read right beside the blocks, in the same single-threaded
-// server; only speculative expiry depends on it.
-func (r *RedisIndex) matchPipelined(ctx context.Context, names []string) ([]EndpointMatch, error) {
+// matchScript is Match's read on Redis Cluster: one EVALSHA on the model's master (ARGV[1] "all": read on
+// past a missing block 0, which a shared record holds).
+func (r *RedisIndex) matchScript(ctx context.Context, names []string, all bool) (int64, []any, error) {
+	var args []any
+	if all {
+		args = []any{"all"}
+	}
+	res, err := scriptIndexMatch.Run(ctx, r.c, names, args...).Slice()
+	if err != nil {
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	if len(res) != 2 {
+		return 0, nil, fmt.Errorf("kvstore: redis match: reply of %d elements", len(res))
+	}
+	now, ok1 := res[0].(int64)
+	vals, ok2 := res[1].([]any)
+	if !ok1 || !ok2 {
+		return 0, nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T", res[0], res[1])
+	}
+	return now, vals, nil
+}
+
+// matchPipelined is Match's read on one server, without a script (the values cross no Lua boundary, which
+// costs about as much Redis CPU as the MGET itself): GET of block 0 and TIME in one pipeline, then, if block
+// 0 is held (or all is set), MGETs of the other blocks. The clock is read right beside the blocks, in the
+// same single-threaded server; only speculative expiry depends on it. It returns the server time (ms) and
+// the blocks' values (string or nil), possibly cut off after a chunk that ends in a missing block.
+func (r *RedisIndex) matchPipelined(ctx context.Context, names []string, all bool) (int64, []any, error) {
 	p := r.c.Pipeline()
 	first := p.Get(ctx, names[0])
 	tm := p.Time(ctx)
 	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
-	if first.Err() != nil { // redis.Nil: nobody holds block 0
-		if errors.Is(first.Err(), redis.Nil) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("kvstore: redis match: %w", first.Err())
+	if err := tm.Err(); err != nil {
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
 	now := tm.Val().UnixMilli()
-	vals := []any{first.Val()}
+	vals := []any{nil}
+	switch err := first.Err(); {
+	case err == nil:
+		vals[0] = first.Val()
+	case !errors.Is(err, redis.Nil):
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+	case !all: // nobody holds block 0
+		return now, vals, nil
+	}
 	if rest := names[1:]; len(rest) > 0 {
 		p := r.c.Pipeline()
 		gets := make([]*redis.SliceCmd, 0, (len(rest)+matchChunk-1)/matchChunk)
@@ -201,16 +271,16 @@ func (r *RedisIndex) matchPipelined(ctx context.Context, names []string) ([]Endp
 			gets = append(gets, p.MGet(ctx, rest[i:min(i+matchChunk, len(rest))]...))
 		}
 		if _, err := p.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("kvstore: redis match: %w", err)
+			return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
 		}
 		for _, g := range gets {
-			if vals[len(vals)-1] == nil {
+			if !all && vals[len(vals)-1] == nil {
 				break // the runs end before this chunk
 			}
 			vals = append(vals, g.Val()...)
 		}
 	}
-	return matchRuns(now, vals)
+	return now, vals, nil
 }
 
 // matchRuns computes the prefix runs from the blocks' values (string, or nil for a missing block) in
@@ -366,8 +436,9 @@ func (r *RedisIndex) runScripts(ctx context.Context, calls []scriptCall) error {
 	return err
 }
 
-// Record implements Index (one EVALSHA per writeSlice keys, pipelined). TTLs are rounded up to whole
-// milliseconds.
+// Record implements Index. A ttl up to RedisConfig.SharedRecordMaxTTL is kept in this gateway's memory and
+// published to the others (one PUBLISH; redis_records.go); a longer one is written into the block keys (one
+// EVALSHA per writeSlice keys, pipelined), its TTL rounded up to whole milliseconds.
 func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, keys []BlockKey, ttl time.Duration) error {
 	if err := checkNames("record", model, ep); err != nil {
 		return err
@@ -376,6 +447,15 @@ func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, ke
 		return fmt.Errorf("kvstore: record: ttl %v: %w", ttl, ErrInvalidArgument)
 	}
 	if len(keys) == 0 {
+		return nil
+	}
+	if r.bus != nil && ttl <= r.recMax {
+		// Kept out of Redis: in this gateway's memory now, in the others' once the PUBLISH reaches them.
+		r.bus.start(r.c)
+		r.bus.cache.record(model, ep, keys, r.bus.cache.now().Add(ttl))
+		if err := r.c.Publish(ctx, r.bus.channel, encodeRecordMsg('R', r.bus.sender, ttl, model, ep, keys)).Err(); err != nil {
+			return fmt.Errorf("kvstore: redis record: publish: %w", err)
+		}
 		return nil
 	}
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
@@ -427,7 +507,16 @@ func (r *RedisIndex) clearEndpoint(ctx context.Context, f *Fence, model string, 
 	}
 	mp := r.modelPrefix(model)
 	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
-	return r.sliced(ctx, "clear endpoint", s, names, args)
+	if err := r.sliced(ctx, "clear endpoint", s, names, args); err != nil {
+		return err
+	}
+	if r.bus != nil { // the shared speculative records of ep go too, here and in the other gateways
+		r.bus.cache.clearEndpoint(model, ep)
+		if err := r.c.Publish(ctx, r.bus.channel, encodeRecordMsg('C', r.bus.sender, 0, model, ep, nil)).Err(); err != nil {
+			return fmt.Errorf("kvstore: redis clear endpoint: publish: %w", err)
+		}
+	}
+	return nil
 }
 
 // ClearConfirmed implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting only the
