@@ -7,7 +7,7 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: run run-dialects test test-unit test-race lint bench models policies goldens tidy
+.PHONY: run run-dialects test test-unit test-race lint bench bench-redis models policies goldens tidy
 
 ## run: one gateway on :8080, memory store, four in-process simulated engines, Qwen3 demo tokenizer.
 run:
@@ -38,6 +38,11 @@ test-race:
 ## bench: benchmarks (not part of make test).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+## bench-redis: what one Redis costs the fleet per request, per ingested block and per (block, holder), and its
+## longest call (kvgate-bench --mode redis; cmd/kvgate-bench/README.md, docs/benchmarks.md).
+bench-redis:
+	$(GO) run ./cmd/kvgate-bench --mode redis --requests 300
 
 tidy:
 	$(GO) mod tidy

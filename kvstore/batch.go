@@ -2,9 +2,6 @@ package kvstore
 
 import (
 	"context"
-	"fmt"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Update is one Add (Remove false) or Remove (Remove true) of keys held by Endpoint on Tier, for
@@ -57,53 +54,39 @@ func (m *MemoryIndex) Apply(ctx context.Context, model string, updates []Update)
 	return nil
 }
 
-// Apply implements Index: one pipeline of EVALSHA calls (on NOSCRIPT the scripts are loaded and the
-// whole batch is sent again, which is safe because updates are idempotent in sequence).
+// Apply implements Index: one pipeline of EVALSHA calls, one per writeSlice keys of each update (on
+// NOSCRIPT the scripts are loaded and the whole batch is sent again, which is safe because updates are
+// idempotent in sequence).
 func (r *RedisIndex) Apply(ctx context.Context, model string, updates []Update) error {
-	return r.apply(ctx, nil, model, updates)
+	return r.apply(ctx, nil, "apply", model, updates)
 }
 
-// apply is Apply, every script fenced by f unless nil (each update's script checks the fence, so a fence
-// raised halfway refuses the rest).
-func (r *RedisIndex) apply(ctx context.Context, f *Fence, model string, updates []Update) error {
+// apply is Apply (and Add, Remove: op names the call in errors), every script fenced by f unless nil (each
+// script checks the fence, so a fence raised halfway refuses the rest).
+func (r *RedisIndex) apply(ctx context.Context, f *Fence, op string, model string, updates []Update) error {
 	if err := checkUpdates(model, updates); err != nil {
 		return err
 	}
-	send := func() error {
-		p := r.c.Pipeline()
-		n := 0
-		for _, u := range updates {
-			if len(u.Keys) == 0 {
-				continue
-			}
-			names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(u.Endpoint)}, u.Keys, string(u.Endpoint), int(u.Tier))
+	var calls []scriptCall
+	for _, u := range updates {
+		for i := 0; i < len(u.Keys); i += writeSlice {
+			keys := u.Keys[i:min(i+writeSlice, len(u.Keys))]
+			names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(u.Endpoint)}, keys, string(u.Endpoint), int(u.Tier))
 			s := scriptIndexAdd
 			if u.Remove {
 				s = scriptIndexRemove
 			} else {
-				args = append(args, r.epCap)
+				args = append(args, r.epCap) // the endpoint's cap (index_add.lua), before the fence's argument
 			}
 			s, names, args = r.fencedCall(model, f, s, names, args)
-			s.EvalSha(ctx, p, names, args...)
-			n++
+			calls = append(calls, scriptCall{s, names, args})
 		}
-		if n == 0 {
-			return nil
-		}
-		_, err := p.Exec(ctx)
-		return err
 	}
-	err := send()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		for _, s := range []*redis.Script{scriptIndexAdd, scriptIndexRemove, scriptFencedAdd, scriptFencedRemove} {
-			if lerr := s.Load(ctx, r.c).Err(); lerr != nil {
-				return fmt.Errorf("kvstore: redis apply: load script: %w", lerr)
-			}
-		}
-		err = send()
+	if len(calls) == 0 {
+		return nil
 	}
-	if err != nil {
-		return redisErr("apply", err)
+	if err := r.runScripts(ctx, calls); err != nil {
+		return redisErr(op, err)
 	}
 	return nil
 }

@@ -245,7 +245,7 @@ func (v *fencedRedis) Add(ctx context.Context, model string, ep EndpointID, tier
 	if err != nil {
 		return err
 	}
-	return v.r.addRemove(ctx, f, "add", scriptIndexAdd, model, ep, tier, keys)
+	return v.r.addRemove(ctx, f, "add", false, model, ep, tier, keys)
 }
 
 func (v *fencedRedis) Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
@@ -253,7 +253,7 @@ func (v *fencedRedis) Remove(ctx context.Context, model string, ep EndpointID, t
 	if err != nil {
 		return err
 	}
-	return v.r.addRemove(ctx, f, "remove", scriptIndexRemove, model, ep, tier, keys)
+	return v.r.addRemove(ctx, f, "remove", true, model, ep, tier, keys)
 }
 
 func (v *fencedRedis) Apply(ctx context.Context, model string, updates []Update) error {
@@ -261,7 +261,7 @@ func (v *fencedRedis) Apply(ctx context.Context, model string, updates []Update)
 	if err != nil {
 		return err
 	}
-	return v.r.apply(ctx, f, model, updates)
+	return v.r.apply(ctx, f, "apply", model, updates)
 }
 
 func (v *fencedRedis) ClearEndpoint(ctx context.Context, model string, ep EndpointID) error {

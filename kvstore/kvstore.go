@@ -64,7 +64,8 @@ type EndpointMatch struct {
 type Index interface {
 	// Match returns, for every endpoint holding at least block 0 of keys under model, its prefix match
 	// (confirmed and speculative entries both count, speculative as GPU). Endpoints with no match are
-	// omitted. The order of the result is unspecified. One round trip at most on remote backends.
+	// omitted. The order of the result is unspecified. On remote backends a prompt whose block 0 nobody
+	// holds costs one lookup and one round trip; otherwise at most two round trips.
 	Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error)
 	// Record writes speculative entries: ep is assumed to hold keys on GPU for ttl (the gateway records what
 	// it just routed so a burst of siblings sticks together before the engine's events arrive).

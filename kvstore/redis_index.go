@@ -3,6 +3,7 @@ package kvstore
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -28,6 +29,11 @@ type RedisConfig struct {
 	// an Add past it drops random ones of the endpoint's blocks (SPOP) down to the bound, in the same script.
 	// Speculative and unconfirmed holds are bounded by their TTLs instead. 0: no bound.
 	MaxEntriesPerEndpoint int
+	// SharedRecordMaxTTL: a Record with a ttl up to this is kept out of the block keys, in the memory of
+	// every gateway on the same Redis and prefix (one PUBLISH on <Prefix>:v1:records; redis_records.go).
+	// Longer ones are written into Redis. 0 means DefaultSharedRecordMaxTTL; negative: every Record is
+	// written into Redis (the layout-v1 behaviour of earlier releases).
+	SharedRecordMaxTTL time.Duration
 }
 
 func (c RedisConfig) base() (string, error) {
@@ -88,6 +94,9 @@ type RedisIndex struct {
 	// pipelines MGET and TIME instead of running a script.
 	single bool
 	epCap  int // RedisConfig.MaxEntriesPerEndpoint
+	// bus keeps speculative records of up to recMax out of Redis (nil: SharedRecordMaxTTL < 0).
+	bus    *recordBus
+	recMax time.Duration
 }
 
 var _ Index = (*RedisIndex)(nil)
@@ -104,7 +113,24 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 	case *redis.ClusterClient, *redis.Ring:
 		single = false
 	}
-	return &RedisIndex{c: client, base: base, single: single, epCap: max(cfg.MaxEntriesPerEndpoint, 0)}, nil
+	r := &RedisIndex{c: client, base: base, single: single, epCap: max(cfg.MaxEntriesPerEndpoint, 0)}
+	if cfg.SharedRecordMaxTTL >= 0 {
+		r.recMax = cfg.SharedRecordMaxTTL
+		if r.recMax == 0 {
+			r.recMax = DefaultSharedRecordMaxTTL
+		}
+		r.bus = newRecordBus(base + "records")
+	}
+	return r, nil
+}
+
+// Close stops the index's subscription to the shared speculative records (the client stays open). The
+// index still answers afterwards, without the other gateways' records.
+func (r *RedisIndex) Close() error {
+	if r.bus == nil {
+		return nil
+	}
+	return r.bus.close()
 }
 
 // modelPrefix returns "<base>{<model>}:".
@@ -146,55 +172,115 @@ func (r *RedisIndex) blockKeys(model string, head []string, keys []BlockKey, pre
 // matchChunk is the most block keys one MGET of Match asks for.
 const matchChunk = 4000
 
-// Match implements Index in one round trip, the runs computed here from the blocks' values. On one server
-// it pipelines MGET (chunks of 4,000 keys) and TIME; on Redis Cluster, where TIME would go to a random
-// node, one EVALSHA reads the clock and MGETs the blocks on the model's master (it stops after the first
-// chunk that ends in a missing block).
+// Match implements Index. A prompt whose block 0 nobody holds costs one lookup: on one server block 0 is
+// read first (GET, pipelined with TIME), and only when it is held are the other blocks read (MGETs of 4,000
+// keys, a second round trip); on Redis Cluster, where TIME would go to a random node, one EVALSHA reads the
+// clock, block 0, then the rest in chunks on the model's master, stopping after the first chunk that ends
+// in a missing block.
 func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	if len(keys) == 0 || model == "" {
 		return nil, nil
 	}
+	var local []string // the shared speculative records' live holds, per key, as block-value records
+	var localAt func(now int64) []string
+	if r.bus != nil {
+		r.bus.start(r.c)
+		localAt = func(now int64) []string { return r.bus.cache.live(model, keys, now) }
+		local = localAt(0) // only to know whether block 0 has a hold; encoded again at the server's time
+	}
 	names, _ := r.blockKeys(model, nil, keys)
+	var now int64
+	var vals []any
+	var err error
 	if r.single {
-		return r.matchPipelined(ctx, names)
+		now, vals, err = r.matchPipelined(ctx, names, local != nil)
+	} else {
+		now, vals, err = r.matchScript(ctx, names, local != nil)
 	}
-	res, err := scriptIndexMatch.Run(ctx, r.c, names).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+		return nil, err
 	}
-	if len(res) != 2 {
-		return nil, fmt.Errorf("kvstore: redis match: reply of %d elements", len(res))
+	if local != nil {
+		local = localAt(now)
 	}
-	now, ok1 := res[0].(int64)
-	vals, ok2 := res[1].([]any)
-	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T", res[0], res[1])
+	if local != nil {
+		for len(vals) < len(keys) {
+			vals = append(vals, nil)
+		}
+		for i, l := range local {
+			if l != "" {
+				s, _ := vals[i].(string)
+				vals[i] = l + s // first: a live hold counts as GPU whatever the tiers say
+			}
+		}
 	}
 	return matchRuns(now, vals)
 }
 
-// matchPipelined is Match on one server: MGETs and TIME in one pipeline (no script: the values cross no
-// Lua boundary, which costs about as much Redis CPU as the MGET itself). The clock is read right after the
-// blocks, in the same single-threaded server; only speculative expiry depends on it.
-func (r *RedisIndex) matchPipelined(ctx context.Context, names []string) ([]EndpointMatch, error) {
-	p := r.c.Pipeline()
-	gets := make([]*redis.SliceCmd, 0, (len(names)+matchChunk-1)/matchChunk)
-	for i := 0; i < len(names); i += matchChunk {
-		gets = append(gets, p.MGet(ctx, names[i:min(i+matchChunk, len(names))]...))
+// matchScript is Match's read on Redis Cluster: one EVALSHA on the model's master (ARGV[1] "all": read on
+// past a missing block 0, which a shared record holds).
+func (r *RedisIndex) matchScript(ctx context.Context, names []string, all bool) (int64, []any, error) {
+	var args []any
+	if all {
+		args = []any{"all"}
 	}
+	res, err := scriptIndexMatch.Run(ctx, r.c, names, args...).Slice()
+	if err != nil {
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	if len(res) != 2 {
+		return 0, nil, fmt.Errorf("kvstore: redis match: reply of %d elements", len(res))
+	}
+	now, ok1 := res[0].(int64)
+	vals, ok2 := res[1].([]any)
+	if !ok1 || !ok2 {
+		return 0, nil, fmt.Errorf("kvstore: redis match: unexpected reply types %T %T", res[0], res[1])
+	}
+	return now, vals, nil
+}
+
+// matchPipelined is Match's read on one server, without a script (the values cross no Lua boundary, which
+// costs about as much Redis CPU as the MGET itself): GET of block 0 and TIME in one pipeline, then, if block
+// 0 is held (or all is set), MGETs of the other blocks. The clock is read right beside the blocks, in the
+// same single-threaded server; only speculative expiry depends on it. It returns the server time (ms) and
+// the blocks' values (string or nil), possibly cut off after a chunk that ends in a missing block.
+func (r *RedisIndex) matchPipelined(ctx context.Context, names []string, all bool) (int64, []any, error) {
+	p := r.c.Pipeline()
+	first := p.Get(ctx, names[0])
 	tm := p.Time(ctx)
-	if _, err := p.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	if err := tm.Err(); err != nil {
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
 	now := tm.Val().UnixMilli()
-	vals := gets[0].Val()
-	for _, g := range gets[1:] {
-		if len(vals) > 0 && vals[len(vals)-1] == nil {
-			break // the runs end before this chunk
-		}
-		vals = append(vals, g.Val()...)
+	vals := []any{nil}
+	switch err := first.Err(); {
+	case err == nil:
+		vals[0] = first.Val()
+	case !errors.Is(err, redis.Nil):
+		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+	case !all: // nobody holds block 0
+		return now, vals, nil
 	}
-	return matchRuns(now, vals)
+	if rest := names[1:]; len(rest) > 0 {
+		p := r.c.Pipeline()
+		gets := make([]*redis.SliceCmd, 0, (len(rest)+matchChunk-1)/matchChunk)
+		for i := 0; i < len(rest); i += matchChunk {
+			gets = append(gets, p.MGet(ctx, rest[i:min(i+matchChunk, len(rest))]...))
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+		}
+		for _, g := range gets {
+			if !all && vals[len(vals)-1] == nil {
+				break // the runs end before this chunk
+			}
+			vals = append(vals, g.Val()...)
+		}
+	}
+	return now, vals, nil
 }
 
 // matchRuns computes the prefix runs from the blocks' values (string, or nil for a missing block) in
@@ -280,39 +366,79 @@ func matchRuns(now int64, vals []any) ([]EndpointMatch, error) {
 	return out, nil
 }
 
-// Add implements Index (one EVALSHA).
+// Add implements Index (one EVALSHA per writeSlice keys, pipelined in one round trip).
 func (r *RedisIndex) Add(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
-	return r.addRemove(ctx, nil, "add", scriptIndexAdd, model, ep, tier, keys)
+	return r.addRemove(ctx, nil, "add", false, model, ep, tier, keys)
 }
 
-// Remove implements Index (one EVALSHA).
+// Remove implements Index (one EVALSHA per writeSlice keys, pipelined in one round trip).
 func (r *RedisIndex) Remove(ctx context.Context, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
-	return r.addRemove(ctx, nil, "remove", scriptIndexRemove, model, ep, tier, keys)
+	return r.addRemove(ctx, nil, "remove", true, model, ep, tier, keys)
 }
 
-// addRemove is Add (s = scriptIndexAdd) or Remove, fenced by f unless nil.
-func (r *RedisIndex) addRemove(ctx context.Context, f *Fence, op string, s *redis.Script, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
+// addRemove is Add or Remove (remove set), fenced by f unless nil: one Update through apply.
+func (r *RedisIndex) addRemove(ctx context.Context, f *Fence, op string, remove bool, model string, ep EndpointID, tier Tier, keys []BlockKey) error {
 	if err := checkNames(op, model, ep); err != nil {
 		return err
 	}
 	if err := checkTier(op, tier); err != nil {
 		return err
 	}
-	if len(keys) == 0 {
-		return nil
-	}
-	names, args := r.blockKeys(model, []string{r.modelPrefix(model) + "e:" + string(ep)}, keys, string(ep), int(tier))
-	if s == scriptIndexAdd {
-		args = append(args, r.epCap) // the endpoint's cap (index_add.lua), before the fence's argument
-	}
-	s, names, args = r.fencedCall(model, f, s, names, args)
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr(op, err)
-	}
-	return nil
+	return r.apply(ctx, f, op, model, []Update{{Endpoint: ep, Tier: tier, Remove: remove, Keys: keys}})
 }
 
-// Record implements Index (one EVALSHA). TTLs are rounded up to whole milliseconds.
+// Bounded work: no script this index runs visits more than this many blocks, so no Redis call runs longer
+// than a few milliseconds whatever the input (issue 14; RATIONALE.md, "Bounded Redis calls"). Writes of
+// more keys are split into several scripts pipelined in one round trip; clears, demotions and the
+// per-endpoint cap work in slices of this size, one round trip each, until done.
+const (
+	writeSlice = 256
+	clearSlice = 64
+)
+
+// scriptCall is one EVALSHA of a pipeline.
+type scriptCall struct {
+	s    *redis.Script
+	keys []string
+	args []any
+}
+
+// runScripts runs calls in one pipeline; on NOSCRIPT (a Redis restart or SCRIPT FLUSH) it loads the
+// scripts and sends the whole pipeline again, which is safe because every write here is idempotent in
+// sequence.
+func (r *RedisIndex) runScripts(ctx context.Context, calls []scriptCall) error {
+	if len(calls) == 1 {
+		c := calls[0]
+		return c.s.Run(ctx, r.c, c.keys, c.args...).Err()
+	}
+	send := func() error {
+		p := r.c.Pipeline()
+		for _, c := range calls {
+			c.s.EvalSha(ctx, p, c.keys, c.args...)
+		}
+		_, err := p.Exec(ctx)
+		return err
+	}
+	err := send()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		loaded := map[*redis.Script]bool{}
+		for _, c := range calls {
+			if loaded[c.s] {
+				continue
+			}
+			loaded[c.s] = true
+			if lerr := c.s.Load(ctx, r.c).Err(); lerr != nil {
+				return fmt.Errorf("load script: %w", lerr)
+			}
+		}
+		err = send()
+	}
+	return err
+}
+
+// Record implements Index. A ttl up to RedisConfig.SharedRecordMaxTTL is kept in this gateway's memory and
+// published to the others (one PUBLISH; redis_records.go); a longer one is written into the block keys (one
+// EVALSHA per writeSlice keys, pipelined), its TTL rounded up to whole milliseconds.
 func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, keys []BlockKey, ttl time.Duration) error {
 	if err := checkNames("record", model, ep); err != nil {
 		return err
@@ -323,17 +449,54 @@ func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, ke
 	if len(keys) == 0 {
 		return nil
 	}
+	if r.bus != nil && ttl <= r.recMax {
+		// Kept out of Redis: in this gateway's memory now, in the others' once the PUBLISH reaches them.
+		r.bus.start(r.c)
+		r.bus.cache.record(model, ep, keys, r.bus.cache.now().Add(ttl))
+		if err := r.c.Publish(ctx, r.bus.channel, encodeRecordMsg('R', r.bus.sender, ttl, model, ep, keys)).Err(); err != nil {
+			return fmt.Errorf("kvstore: redis record: publish: %w", err)
+		}
+		return nil
+	}
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
 	mp := r.modelPrefix(model)
-	names, args := r.blockKeys(model, []string{mp + "s:" + string(ep)}, keys, string(ep), strconv.FormatInt(int64(ms), 10), mp+"b:")
-	if err := scriptIndexRecord.Run(ctx, r.c, names, args...).Err(); err != nil {
+	var calls []scriptCall
+	for i := 0; i < len(keys); i += writeSlice {
+		names, args := r.blockKeys(model, []string{mp + "s:" + string(ep)}, keys[i:min(i+writeSlice, len(keys))], string(ep), strconv.FormatInt(int64(ms), 10), mp+"b:")
+		calls = append(calls, scriptCall{scriptIndexRecord, names, args})
+	}
+	if err := r.runScripts(ctx, calls); err != nil {
 		return fmt.Errorf("kvstore: redis record: %w", err)
 	}
 	return nil
 }
 
-// ClearEndpoint implements Index (one EVALSHA, visiting only ep's own blocks through its reverse set and
-// speculative ZSET; no keyspace scan).
+// sliced runs a slice script (it visits at most clearSlice blocks and returns how many members it left)
+// until nothing is left, one round trip per slice. Writers that keep adding while it runs (a gateway's
+// speculative Record during a ClearEndpoint) cannot keep it going for ever: it stops after the slices the
+// first answer called for, plus 16.
+func (r *RedisIndex) sliced(ctx context.Context, op string, s *redis.Script, keys []string, args []any) error {
+	limit := int64(-1)
+	for n := int64(0); ; n++ {
+		left, err := s.Run(ctx, r.c, keys, args...).Int64()
+		if err != nil {
+			return redisErr(op, err)
+		}
+		if limit < 0 {
+			limit = left/clearSlice + 16
+		}
+		if left == 0 || n >= limit {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kvstore: redis %s: %w", op, err)
+		}
+	}
+}
+
+// ClearEndpoint implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting only ep's own
+// blocks through its reverse set and speculative ZSET (no keyspace scan). Not atomic as a whole: a Match
+// meanwhile may see part of ep's entries gone.
 func (r *RedisIndex) ClearEndpoint(ctx context.Context, model string, ep EndpointID) error {
 	return r.clearEndpoint(ctx, nil, model, ep)
 }
@@ -343,15 +506,21 @@ func (r *RedisIndex) clearEndpoint(ctx context.Context, f *Fence, model string, 
 		return err
 	}
 	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:"})
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr("clear endpoint", err)
+	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+	if err := r.sliced(ctx, "clear endpoint", s, names, args); err != nil {
+		return err
+	}
+	if r.bus != nil { // the shared speculative records of ep go too, here and in the other gateways
+		r.bus.cache.clearEndpoint(model, ep)
+		if err := r.c.Publish(ctx, r.bus.channel, encodeRecordMsg('C', r.bus.sender, 0, model, ep, nil)).Err(); err != nil {
+			return fmt.Errorf("kvstore: redis clear endpoint: publish: %w", err)
+		}
 	}
 	return nil
 }
 
-// ClearConfirmed implements Index (one EVALSHA, visiting only the blocks on ep's reverse set; its
-// speculative ZSET and live speculative holds stay).
+// ClearConfirmed implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting only the
+// blocks on ep's reverse set; its speculative ZSET and live speculative holds stay.
 func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep EndpointID) error {
 	return r.clearConfirmed(ctx, nil, model, ep)
 }
@@ -361,15 +530,13 @@ func (r *RedisIndex) clearConfirmed(ctx context.Context, f *Fence, model string,
 		return err
 	}
 	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:"})
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr("clear confirmed", err)
-	}
-	return nil
+	s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+	return r.sliced(ctx, "clear confirmed", s, names, args)
 }
 
-// Demote implements Demoter (one EVALSHA, visiting only the blocks on ep's reverse set). TTLs are rounded up
-// to whole milliseconds; expiry is on the Redis server's clock, like Record's.
+// Demote implements Demoter, in slices of clearSlice blocks (one EVALSHA each), visiting only the blocks on
+// ep's reverse set. TTLs are rounded up to whole milliseconds; expiry is on the Redis server's clock, like
+// Record's.
 func (r *RedisIndex) Demote(ctx context.Context, model string, ep EndpointID, ttl time.Duration) error {
 	return r.demote(ctx, nil, model, ep, ttl)
 }
@@ -384,9 +551,6 @@ func (r *RedisIndex) demote(ctx context.Context, f *Fence, model string, ep Endp
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
 	mp := r.modelPrefix(model)
 	s, names, args := r.fencedCall(model, f, scriptIndexDemote, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)},
-		[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:"})
-	if err := s.Run(ctx, r.c, names, args...).Err(); err != nil {
-		return redisErr("demote", err)
-	}
-	return nil
+		[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:", clearSlice})
+	return r.sliced(ctx, "demote", s, names, args)
 }

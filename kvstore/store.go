@@ -136,5 +136,8 @@ func (s *Store) Close() error {
 	if s.Redis == nil {
 		return nil
 	}
+	if ri, ok := s.Index.(*RedisIndex); ok {
+		_ = ri.Close() // its subscription to the shared speculative records
+	}
 	return s.Redis.Close()
 }

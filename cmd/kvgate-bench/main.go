@@ -62,7 +62,7 @@ func main() {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("kvgate-bench", flag.ContinueOnError)
-	fs.StringVar(&o.mode, "mode", "all", "what to measure: overhead, quality or all")
+	fs.StringVar(&o.mode, "mode", "all", "what to measure: overhead, quality, all (both) or redis (what one Redis costs the fleet)")
 	fs.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: go build ./cmd/kvgate)")
 	fs.StringVar(&o.enginesim, "enginesim", "", "enginesim binary (default: go build ./cmd/enginesim)")
 	fs.StringVar(&o.configIn, "config", "", "gateway config to start from (its first model's tokenizer, block size, policy config and timings; endpoints, listen and store are replaced)")
@@ -71,6 +71,7 @@ func parseFlags(args []string) (options, error) {
 	stores := fs.String("stores", "memory,redis", "stores to measure overhead with (memory, redis)")
 	policies := fs.String("policies", "three-tier,round-robin,least-loaded,power-of-two-choices,sglang-cache-aware,llmd-weighted",
 		"quality: policies to compare: three-tier (built in) and examples/policies/<name> directories")
+	addRedisFlags(fs)
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, process logs)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -79,9 +80,9 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	switch o.mode {
-	case "overhead", "quality", "all":
+	case "overhead", "quality", "all", "redis":
 	default:
-		return o, fmt.Errorf("--mode %q: want overhead, quality or all", o.mode)
+		return o, fmt.Errorf("--mode %q: want overhead, quality, all or redis", o.mode)
 	}
 	if o.requests < 20 {
 		return o, fmt.Errorf("--requests %d: want at least 20", o.requests)
@@ -154,6 +155,11 @@ func run(args []string, out io.Writer) error {
 	}
 	if o.mode == "quality" || o.mode == "all" {
 		if err := b.quality(ctx); err != nil {
+			return err
+		}
+	}
+	if o.mode == "redis" {
+		if err := b.redisScale(ctx); err != nil {
 			return err
 		}
 	}

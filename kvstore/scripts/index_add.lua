@@ -1,7 +1,8 @@
 -- Add. KEYS[1]: the endpoint's reverse SET; KEYS[2..]: block keys. ARGV[1]: endpoint; ARGV[2]: tier bit;
 -- ARGV[3..#KEYS+1]: block IDs (hex), one per block key; ARGV[#KEYS+2] (optional): the endpoint's cap (0:
--- none): past it, random members of the reverse SET are popped and the endpoint's tier bits cleared in those
--- blocks (their names built from KEYS[1]'s prefix: same hash slot). Specialized rather than built on update(): a block the
+-- none): past it, random members of the reverse SET are popped (at most 512 per call, so the call stays
+-- short; later calls pop the rest) and the endpoint's tier bits cleared in those blocks (their names built
+-- from KEYS[1]'s prefix: same hash slot). Specialized rather than built on update(): a block the
 -- endpoint does not hold yet (the common case when ingesting) gets the one precomputed record appended,
 -- and only blocks it held on no tier join the reverse SET (one it holds on a tier is already a member).
 local ep, bit = ARGV[1], tonumber(ARGV[2])
@@ -35,7 +36,7 @@ end
 for c = 1, #added, 1000 do redis.call('SADD', KEYS[1], unpack(added, c, math.min(c + 999, #added))) end
 local cap = tonumber(ARGV[#KEYS + 2] or '0') or 0
 if cap > 0 then
-  local over = redis.call('SCARD', KEYS[1]) - cap
+  local over = math.min(redis.call('SCARD', KEYS[1]) - cap, 512)
   if over > 0 then
     local base = string.sub(KEYS[1], 1, #KEYS[1] - #ep - 2) .. 'b:'
     local gone = redis.call('SPOP', KEYS[1], over)

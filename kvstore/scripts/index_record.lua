@@ -1,8 +1,8 @@
 -- Record (speculative holds). KEYS[1]: the endpoint's speculative ZSET (block ID scored by expiry ms);
 -- KEYS[2..]: block keys. ARGV[1]: endpoint; ARGV[2]: ttl ms; ARGV[3]: block-key name prefix (same hash
--- tag); ARGV[4..]: block IDs (hex). First sweeps up to 256 of the endpoint's expired holds.
+-- tag); ARGV[4..]: block IDs (hex). First sweeps up to 128 of the endpoint's expired holds.
 local ep, exp, pfx = ARGV[1], now + tonumber(ARGV[2]), ARGV[3]
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 256)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 128)
 if #expired > 0 then
   local names = {}
   for i, id in ipairs(expired) do names[i] = pfx .. id end

@@ -1,6 +1,7 @@
 -- kvgate reservations (layout v1), shared prologue. KEYS[1]: in-flight HASH (fields r:<ep>, t:<ep>);
 -- KEYS[2]: lease ZSET (lease ID scored by expiry ms); KEYS[3]: lease data HASH (ID -> "req tok endpoint");
--- KEYS[4]: lease ID counter. Reads the server clock and drops up to 1000 expired leases.
+-- KEYS[4]: lease ID counter. Reads the server clock and drops up to 256 expired leases (each call reaps a
+-- bounded slice; calls are frequent, so expired leases do not pile up).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function sub(ep, req, tok)
@@ -18,4 +19,4 @@ local function drop(id)
   end
   redis.call('ZREM', KEYS[2], id)
 end
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)) do drop(id) end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)) do drop(id) end

