@@ -49,6 +49,8 @@ type Store struct {
 	// Policies is the fleet's policy state: activation stacks, unload, serving reports, re-seeding (the
 	// same value as Blobs).
 	Policies Policies
+	// Endpoints is the fleet's run-time endpoint set (the same value as Blobs).
+	Endpoints Endpoints
 	// Redis is the underlying client (nil for memory), for health details and tests.
 	Redis redis.UniversalClient
 	// StartErr is the failed first ping of a store opened with StoreConfig.AllowUnreachable (nil: it answered).
@@ -70,6 +72,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 			Blobs:        mb,
 			Leases:       mb,
 			Policies:     mb,
+			Endpoints:    mb,
 		}, nil
 	case "redis":
 	default:
@@ -97,7 +100,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Redis: c}
+	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Endpoints: bl, Redis: c}
 	if err := s.Ping(ctx); err != nil {
 		if cfg.AllowUnreachable {
 			s.StartErr = err
