@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -375,6 +377,10 @@ func (s *endpointSync) startIngestLocked(r *runEP) {
 // drops r's index entries (each data-parallel rank's), after this gateway's own ingestion of it ended.
 func (s *endpointSync) stopLocal(r *runEP) {
 	s.g.eps.Remove(r.ep.ID)
+	m := s.g.metrics // the scraped-state gauges would keep the last value of an endpoint no longer probed
+	for _, v := range []*prometheus.GaugeVec{m.EndpointWaiting, m.EndpointRunning, m.EndpointKVCacheUsage, m.EndpointHealthy, m.Front.EndpointEjected} {
+		v.DeleteLabelValues(r.ep.ID)
+	}
 	if r.stop != nil {
 		r.stop()
 		select {
