@@ -413,7 +413,9 @@ func steadyTraffic(gws []*Gateway, workers int, stop <-chan struct{}) (*trafficC
 				}
 				cl := client(gws[(w+i)%len(gws)])
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(longSystemPrompt(4 + w)),
+				// A new conversation every 4 requests: its first request is a prefix miss (least load), the
+				// next ones follow it (affinity).
+				msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(fmt.Sprintf("Conversation %d of worker %d. ", i/4, w) + longSystemPrompt(4)),
 					openai.UserMessage(fmt.Sprintf("question %d of worker %d", i, w))}
 				var hdr *http.Response
 				if i%2 == 0 {
