@@ -19,6 +19,7 @@ func (g *Gateway) mountAdmin(r fiber.Router) {
 	a := &admin.API{Host: g.host, Sync: g.policySync, Router: g.router, Models: models, ModelNames: names,
 		MaxPolicyBytes: g.cfg.MaxPolicyBytes}
 	a.Mount(r)
+	(&admin.Endpoints{Ops: g.epSync}).Mount(r)
 	if g.tpu != nil {
 		(&admin.TPU{Alloc: g.tpu}).Mount(r)
 	}

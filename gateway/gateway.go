@@ -45,6 +45,9 @@ type Options struct {
 	// PolicyCacheDir, if set, is wazero's on-disk compilation cache: the 2.6 MB built-in policy then
 	// compiles once per machine instead of once per start (about 1 s).
 	PolicyCacheDir string
+	// ConfigPath, if set, is the file Config was read from: it is watched (config_watch_interval) and
+	// Reload re-reads it; endpoint changes apply at run time (fleetendpoints.go).
+	ConfigPath string
 }
 
 // Gateway is one running gateway: its server, router, store, policy host and event ingesters.
@@ -81,6 +84,11 @@ type Gateway struct {
 	tpu *tpu.Allocator
 	// tpuCopy is the read-only copy of the store's TPU slices (Redis only), for requarantineTPUSlices.
 	tpuCopy tpuSlices
+	// epSync runs the store's run-time endpoint set here (fleetendpoints.go); configPath is the watched file.
+	epSync     *endpointSync
+	configPath string
+	// runCtx lives until Close (run-time endpoints' ingestion runs under it).
+	runCtx context.Context
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -105,7 +113,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, metrics: metrics.New(), models: map[string]server.ServedModel{},
 		ingesters: map[string]*kvevents.Ingester{}}
 	runCtx, cancel := context.WithCancel(context.Background())
-	g.cancel = cancel
+	g.cancel, g.runCtx, g.configPath = cancel, runCtx, o.ConfigPath
 	ok := false
 	defer func() {
 		if !ok {
@@ -187,7 +195,6 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.upHTTP = up.HTTP()
 	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
-	ranks := map[string]int{} // endpoint ID -> data-parallel size
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
 		enc, err := o.LoadEncoder(m.Tokenizer)
@@ -198,13 +205,11 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
 			MaxPromptTokens: m.MaxPromptTokens}
 		for _, e := range m.Endpoints {
-			rm.Endpoints = append(rm.Endpoints, route.Ranked(route.Endpoint{ID: e.ID, Engine: e.Engine, URL: e.URL,
-				Limits: kvstore.Limits{MaxRequests: e.MaxInflightRequests, MaxTokens: e.MaxInflightTokens},
-				Events: e.KVEvents != ""}, e.Ranks())...)
+			rm.Endpoints = append(rm.Endpoints, routeEndpoints(e)...)
 			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL,
 				DataParallelSize: e.Ranks()})
-			ranks[e.ID] = e.Ranks()
 		}
+		rm.Live = route.NewEndpointList(rm.Endpoints) // the run-time list (fleetendpoints.go)
 		var ids []string
 		for _, e := range m.Endpoints {
 			ids = append(ids, e.ID)
@@ -226,8 +231,10 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			g.noteStartTime(id, l.StartTime)
 		}
 		if gd := guardRef.Load(); gd != nil {
-			for r, rid := range route.RankIDs(id, ranks[id]) { // each rank's own load, or an even share
-				rl := l.Rank(r, ranks[id])
+			ep, _ := g.eps.Get(id)
+			ranks := max(ep.DataParallelSize, 1)
+			for r, rid := range route.RankIDs(id, ranks) { // each rank's own load, or an even share
+				rl := l.Rank(r, ranks)
 				gd.NoteLoad(rid, int64(math.Ceil(rl.Running+rl.Waiting)), l.Scraped)
 			}
 		}
@@ -250,10 +257,14 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			if _, err := kvevents.NewIngester(g.ingesterConfig(m, e)); err != nil {
 				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
 			}
-			g.wg.Go(func() { g.runIngestion(runCtx, m, e) })
 		}
 	}
 	g.registerIngestMetrics()
+	// Endpoints at run time: the configured ones run (ingestion included) until the store's endpoint set,
+	// read once now, says otherwise; then the gateway follows the store, the file and DNS.
+	if err := g.startEndpointSync(ctx); err != nil {
+		return nil, err
+	}
 
 	// The store owns its failure handling (kvstore.Guarded); the router only sees a store that answers,
 	// refuses, or is unavailable.
@@ -482,7 +493,8 @@ func (g *Gateway) readyDetails() map[string]any {
 		}
 		cancel()
 	}
-	d := map[string]any{"ingestion": out, "policies": g.policySync.serving(), "token_ids": g.tokens.guard.Status(), "tpu_pools": pools}
+	d := map[string]any{"ingestion": out, "policies": g.policySync.serving(), "token_ids": g.tokens.guard.Status(), "tpu_pools": pools,
+		"endpoints": g.epSync.ready()}
 	if g.policyUnconfirmed.Load() {
 		d["policy_unconfirmed"] = true
 	}

@@ -769,6 +769,8 @@ func (p *policySync) reseed(ctx context.Context, now bool) bool {
 		}
 	}
 	p.mu.Unlock()
+	// The run-time endpoints come back in the same step (issue #12 item 3): this gateway's copy, if any.
+	st.Endpoints = p.g.epSync.reseedCopy()
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	marker, won, err := p.fleet().Reseed(ctx, hex.EncodeToString(b[:]), st)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
@@ -15,8 +16,22 @@ import (
 // tokenIDs is the gateway's chat token-ID forwarding: each endpoint's chat_token_ids field and the drift
 // guard that decides whether it may be used now.
 type tokenIDs struct {
+	mu    sync.RWMutex
 	modes map[string]string // endpoint ID → config.ChatTokenIDs* (off when absent)
 	guard *driftguard.Guard
+}
+
+// setMode records e's chat_token_ids (an endpoint added or changed at run time). An endpoint added at run
+// time is not in the drift guard, which allows token IDs only to the endpoints it verified: it gets
+// original chat bodies (always correct) until the gateway restarts.
+func (t *tokenIDs) setMode(e config.Endpoint) {
+	mode := e.ChatTokenIDs
+	if mode == "" {
+		mode = config.DefaultChatTokenIDs[e.Engine]
+	}
+	t.mu.Lock()
+	t.modes[e.ID] = mode
+	t.mu.Unlock()
 }
 
 // newTokenIDs builds the chat token-ID state for cfg's endpoints; the guard's probes are not run yet.
@@ -61,7 +76,9 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 	if req.API != openai.Chat {
 		return upstream.Body(c.Engine, req, body, p.IDs)
 	}
+	t.mu.RLock()
 	mode := t.modes[c.ID]
+	t.mu.RUnlock()
 	if mode == "" || mode == config.ChatTokenIDsOff {
 		return body, nil
 	}

@@ -99,6 +99,9 @@ type MemoryBlobs struct {
 	stacks  map[string][]PolicyEntry
 	epoch   string
 	serving map[string]memReport
+	// Endpoints (endpoints.go): the run-time endpoint set and its revision (0: not seeded).
+	eps   map[string]EndpointRecord
+	epRev uint64
 }
 
 type memBlob struct {

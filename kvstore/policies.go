@@ -83,6 +83,9 @@ type FleetBlob struct {
 type FleetState struct {
 	Blobs  []FleetBlob
 	Stacks map[string][]PolicyEntry
+	// Endpoints, when not nil, is the run-time endpoint set to write back (Endpoints; seeded at revision 1
+	// in the same step). nil leaves the endpoint set as it is (unseeded after an empty restart).
+	Endpoints []EndpointRecord
 }
 
 // Fleet is one consistent read of the fleet state (ReadFleet).
@@ -124,8 +127,8 @@ type Policies interface {
 	Unload(ctx context.Context, version string) error
 	// ReadFleet reads the marker, every stack, the layout-1 active values and the blob list at once.
 	ReadFleet(ctx context.Context) (Fleet, error)
-	// Reseed writes st (blobs not stored yet, and the stacks; layout-1 values only where none is stored)
-	// and sets the fleet-state marker to epoch, in one step, only when the store has no marker. It returns the marker now in the store and whether this
+	// Reseed writes st (blobs not stored yet, the stacks, and the endpoint set when st.Endpoints is not
+	// nil; layout-1 values only where none is stored) and sets the fleet-state marker to epoch, in one step, only when the store has no marker. It returns the marker now in the store and whether this
 	// call set it. A zero st with a fresh marker only names the epoch.
 	Reseed(ctx context.Context, epoch string, st FleetState) (marker string, won bool, err error)
 	// ReportServing stores gateway's report (opaque bytes) for ttl; a report not renewed disappears.
@@ -364,6 +367,9 @@ func (m *MemoryBlobs) Reseed(_ context.Context, epoch string, st FleetState) (st
 			}
 		}
 	}
+	if err := checkRecords("reseed", st.Endpoints, nil); err != nil {
+		return "", false, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.epoch != "" {
@@ -378,6 +384,9 @@ func (m *MemoryBlobs) Reseed(_ context.Context, epoch string, st FleetState) (st
 	for model, s := range st.Stacks {
 		m.stacks[model] = cloneStack(s)
 		m.keepLegacy(model, s[len(s)-1])
+	}
+	if st.Endpoints != nil {
+		m.seedEndpointsLocked(st.Endpoints)
 	}
 	m.notify("fleet:reseeded")
 	return epoch, true, nil

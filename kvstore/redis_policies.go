@@ -261,6 +261,17 @@ func (r *RedisBlobs) Reseed(ctx context.Context, epoch string, st FleetState) (s
 			args = append(args, entryString(e))
 		}
 	}
+	if err := checkRecords("reseed", st.Endpoints, nil); err != nil {
+		return "", false, err
+	}
+	if st.Endpoints == nil {
+		args = append(args, -1)
+	} else {
+		args = append(args, len(st.Endpoints))
+		for _, e := range st.Endpoints {
+			args = append(args, e.ID, recordJSON(e))
+		}
+	}
 	res, err := r.policyRun(ctx, scriptPolicyReseed, args...)
 	if err != nil {
 		return "", false, fmt.Errorf("kvstore: redis reseed: %w", err)

@@ -49,6 +49,8 @@ type Store struct {
 	// Policies is the fleet's policy state: activation stacks, unload, serving reports, re-seeding (the
 	// same value as Blobs).
 	Policies Policies
+	// Endpoints is the fleet's run-time endpoint set (the same value as Blobs).
+	Endpoints Endpoints
 	// Redis is the underlying client (nil for memory), for health details and tests. Its command errors
 	// are classified: ErrUnavailable when Redis cannot serve (RedisUnavailable).
 	Redis redis.UniversalClient
@@ -75,6 +77,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 			Blobs:        mb,
 			Leases:       mb,
 			Policies:     mb,
+			Endpoints:    mb,
 		}, nil
 	case "redis":
 	default:
@@ -108,7 +111,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Redis: c, Epoch: ep}
+	s := &Store{Kind: "redis", Index: idx, Reservations: res, Blobs: bl, Leases: bl, Policies: bl, Endpoints: bl, Redis: c, Epoch: ep}
 	if err := s.Ping(ctx); err != nil {
 		if cfg.AllowUnreachable {
 			s.StartErr = err

@@ -109,13 +109,23 @@ func serve(ctx context.Context, cfgPath string, out io.Writer) error {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	g, err := gateway.Start(ctx, gateway.Options{Config: cfg, Secrets: secrets, Log: log, Listener: ln,
-		PolicyCacheDir: cacheDir,
-		LoadEncoder:    func(dir string) (route.Encoder, error) { return model.Load(dir) }})
+		PolicyCacheDir: cacheDir, ConfigPath: cfgPath,
+		LoadEncoder: func(dir string) (route.Encoder, error) { return model.Load(dir) }})
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	printBanner(out, cfg, g.Addr(), secrets.AdminToken, generated, len(engines))
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP) // re-read the config file: endpoint changes apply at run time
+	defer func() { signal.Stop(hup); close(hup) }()
+	go func() {
+		for range hup {
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = g.Reload(rctx) // logged by the gateway
+			cancel()
+		}
+	}()
 
 	var stopped error
 	select {

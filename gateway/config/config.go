@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -187,6 +186,8 @@ type Config struct {
 	TokenIDsRecheckInterval time.Duration `yaml:"token_ids_recheck_interval"`
 	// FrontDoor holds the client-connection, upstream-timeout, retry and exposure keys (frontdoor.go).
 	FrontDoor `yaml:",inline"`
+	// RunTimeEndpoints holds the keys of endpoints at run time (endpoints.go).
+	RunTimeEndpoints `yaml:",inline"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -222,8 +223,12 @@ type Model struct {
 	// MaxPromptTokens rejects, with 400 before routing, a request whose prompt renders to more tokens than
 	// this (0, the default: no limit of the gateway's own; the engine still enforces its context length).
 	MaxPromptTokens int `yaml:"max_prompt_tokens"`
-	// Endpoints serve this model (may be empty when simulate is set: the simulated engines are used).
+	// Endpoints serve this model (may be empty when simulate or endpoints_from is set). At run time the
+	// fleet's endpoints live in the store; a change of this list in the watched file is applied there
+	// (README "Endpoints at run time").
 	Endpoints []Endpoint `yaml:"endpoints"`
+	// EndpointsFrom discovers more endpoints from DNS (endpoints.go).
+	EndpointsFrom *EndpointsFrom `yaml:"endpoints_from"`
 }
 
 // Policy names a policy and its config.
@@ -445,6 +450,7 @@ func (c *Config) applyDefaults() {
 		c.TokenIDsRecheckInterval = time.Second
 	}
 	c.FrontDoor.applyDefaults()
+	c.RunTimeEndpoints.applyDefaults()
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -597,54 +603,23 @@ func (c *Config) Validate() error {
 		if _, err := json.Marshal(m.Policy.Config); err != nil {
 			bad(p+".policy.config", "not representable as JSON: %v", err)
 		}
-		if len(m.Endpoints) == 0 && c.Simulate == nil {
-			bad(p+".endpoints", "at least one endpoint is required (or set simulate)")
+		if len(m.Endpoints) == 0 && c.Simulate == nil && m.EndpointsFrom == nil {
+			bad(p+".endpoints", "at least one endpoint is required (or set simulate or endpoints_from)")
+		}
+		if m.EndpointsFrom != nil {
+			m.EndpointsFrom.check(p+".endpoints_from", bad)
 		}
 		for j, e := range m.Endpoints {
 			q := fmt.Sprintf("%s.endpoints[%d]", p, j)
-			if e.ID == "" {
-				bad(q+".id", "required")
-			} else if prev, dup := ids[e.ID]; dup {
+			if prev, dup := ids[e.ID]; dup && e.ID != "" {
 				bad(q+".id", "%q already used by %s", e.ID, prev)
-			} else {
+			} else if e.ID != "" {
 				ids[e.ID] = q + ".id"
 			}
-			switch e.Engine {
-			case EngineSim, EngineVLLM, EngineSGLang:
-			default:
-				bad(q+".engine", "want enginesim, vllm or sglang, got %q", e.Engine)
-			}
-			if u, err := url.Parse(e.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				bad(q+".url", "want an http(s)://host:port URL, got %q", e.URL)
-			}
-			if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
-				bad(q+".kv_events", "want tcp://host:port, got %q", e.KVEvents)
-			}
-			if e.KVReplay != "" && e.KVEvents == "" {
-				bad(q+".kv_replay", "needs kv_events")
-			}
-			if e.MaxInflightRequests < 0 {
-				bad(q+".max_inflight_requests", "must not be negative")
-			}
-			if e.MaxInflightTokens < 0 {
-				bad(q+".max_inflight_tokens", "must not be negative")
-			}
-			switch e.ChatTokenIDs {
-			case "", ChatTokenIDsKVTransfer, ChatTokenIDsPromptTokenIDs, ChatTokenIDsInputIDs, ChatTokenIDsOff:
-			default:
-				bad(q+".chat_token_ids", "want kv_transfer_params, prompt_token_ids, input_ids or off, got %q", e.ChatTokenIDs)
-			}
-			if e.DataParallelSize < 0 || e.DataParallelSize > 64 {
-				// 0 is unset (a Config built by a program): one rank, as 1.
-				bad(q+".data_parallel_size", "want 1..64, got %d", e.DataParallelSize)
-			} else if e.DataParallelSize > 1 && e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") {
-				bad(q+".kv_events", "data-parallel ranks publish on port + rank: want tcp://host:port, got %q", e.KVEvents)
-			}
-			if strings.Contains(e.ID, "/dp") {
-				bad(q+".id", "%q must not contain \"/dp\" (data-parallel ranks are named <id>/dp<r>)", e.ID)
-			}
+			e.check(q, bad)
 		}
 	}
+	c.RunTimeEndpoints.check(bad)
 	return errors.Join(errs...)
 }
 

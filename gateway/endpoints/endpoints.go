@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -268,17 +269,29 @@ type state struct {
 	load Load
 	// ejectedUntil is the end of an outlier ejection, Unix nanoseconds (0: none); outlier.go.
 	ejectedUntil atomic.Int64
+	// stop ends the endpoint's probe loop (nil until Run starts it).
+	stop context.CancelFunc
 }
 
-// Set is the live state of all endpoints. Safe for concurrent use.
+// view is one immutable membership of a Set (replaced whole by Add and Remove).
+type view struct {
+	list []*state
+	byID map[string]*state
+}
+
+// Set is the live state of all endpoints; endpoints may be added and removed at run time (Add, Remove).
+// Safe for concurrent use.
 type Set struct {
-	eps      []*state
-	byID     map[string]*state
+	v        atomic.Pointer[view]
 	hc       *http.Client
 	interval time.Duration
 	log      *slog.Logger
 	scrapes  atomic.Int64
 	onScrape atomic.Pointer[func(id string, l Load)]
+
+	mu     sync.Mutex      // serializes Add, Remove and Run's start
+	runCtx context.Context // Run's context (nil before Run): loops of added endpoints run under it
+	loops  sync.WaitGroup
 }
 
 // OnScrape sets f to be called, from the probing goroutine, with the endpoint's Load after every
@@ -293,9 +306,14 @@ func (s *Set) OnScrape(f func(id string, l Load)) {
 	s.onScrape.Store(&f)
 }
 
+func (s *Set) lookup(id string) (*state, bool) {
+	st, ok := s.v.Load().byID[id]
+	return st, ok
+}
+
 // StartTime scrapes endpoint id's /metrics now and returns its process_start_time_seconds (0 when absent).
 func (s *Set) StartTime(ctx context.Context, id string) (float64, error) {
-	st, ok := s.byID[id]
+	st, ok := s.lookup(id)
 	if !ok {
 		return 0, nil
 	}
@@ -308,19 +326,69 @@ func (s *Set) StartTime(ctx context.Context, id string) (float64, error) {
 
 // NewSet returns a Set for eps that probes with hc every interval once Run is called.
 func NewSet(eps []Endpoint, hc *http.Client, interval time.Duration, log *slog.Logger) *Set {
-	s := &Set{byID: map[string]*state{}, hc: hc, interval: interval, log: log}
+	s := &Set{hc: hc, interval: interval, log: log}
+	v := &view{byID: map[string]*state{}}
 	for _, e := range eps {
 		st := &state{ep: e}
-		s.eps = append(s.eps, st)
-		s.byID[e.ID] = st
+		v.list = append(v.list, st)
+		v.byID[e.ID] = st
 	}
+	s.v.Store(v)
 	return s
 }
 
-// Endpoints returns the configured endpoints in config order.
+// Add adds endpoint e (unhealthy until its first probe, which starts at once when Run is running) and
+// returns true; an endpoint with e's ID already in the set is left as it is (false): Remove it first to
+// replace it.
+func (s *Set) Add(e Endpoint) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.v.Load()
+	if _, ok := old.byID[e.ID]; ok {
+		return false
+	}
+	st := &state{ep: e}
+	nv := &view{list: append(slices.Clone(old.list), st), byID: make(map[string]*state, len(old.byID)+1)}
+	for k, v := range old.byID {
+		nv.byID[k] = v
+	}
+	nv.byID[e.ID] = st
+	s.v.Store(nv)
+	if s.runCtx != nil {
+		s.startLoop(st, true)
+	}
+	return true
+}
+
+// Remove takes endpoint id out of the set and stops its probes; it reports whether id was in the set.
+// Load answers the zero Load (unhealthy) for it from now on.
+func (s *Set) Remove(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.v.Load()
+	st, ok := old.byID[id]
+	if !ok {
+		return false
+	}
+	nv := &view{byID: make(map[string]*state, len(old.byID))}
+	for _, x := range old.list {
+		if x != st {
+			nv.list = append(nv.list, x)
+			nv.byID[x.ep.ID] = x
+		}
+	}
+	s.v.Store(nv)
+	if st.stop != nil {
+		st.stop()
+	}
+	return true
+}
+
+// Endpoints returns the endpoints in the order they were configured or added.
 func (s *Set) Endpoints() []Endpoint {
-	out := make([]Endpoint, len(s.eps))
-	for i, st := range s.eps {
+	v := s.v.Load()
+	out := make([]Endpoint, len(v.list))
+	for i, st := range v.list {
 		out[i] = st.ep
 	}
 	return out
@@ -328,7 +396,7 @@ func (s *Set) Endpoints() []Endpoint {
 
 // Get returns the endpoint with id.
 func (s *Set) Get(id string) (Endpoint, bool) {
-	st, ok := s.byID[id]
+	st, ok := s.lookup(id)
 	if !ok {
 		return Endpoint{}, false
 	}
@@ -337,7 +405,7 @@ func (s *Set) Get(id string) (Endpoint, bool) {
 
 // Load returns id's last observed state (zero Load, unhealthy, for an unknown id).
 func (s *Set) Load(id string) Load {
-	st, ok := s.byID[id]
+	st, ok := s.lookup(id)
 	if !ok {
 		return Load{}
 	}
@@ -350,7 +418,7 @@ func (s *Set) Load(id string) Load {
 
 // MarkDown records that a forward to id failed to connect: it counts as unhealthy until the next good probe.
 func (s *Set) MarkDown(id string, reason string) {
-	if st, ok := s.byID[id]; ok {
+	if st, ok := s.lookup(id); ok {
 		st.mu.Lock()
 		st.load.Healthy, st.load.Err = false, reason
 		st.mu.Unlock()
@@ -360,30 +428,53 @@ func (s *Set) MarkDown(id string, reason string) {
 // ProbeAll probes every endpoint once, concurrently, and returns when all answered or ctx ended.
 func (s *Set) ProbeAll(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, st := range s.eps {
+	for _, st := range s.v.Load().list {
 		wg.Go(func() { s.probe(ctx, st) })
 	}
 	wg.Wait()
 }
 
-// Run probes every endpoint each interval until ctx ends.
-func (s *Set) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, st := range s.eps {
-		wg.Go(func() {
-			t := time.NewTicker(s.interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					s.probe(ctx, st)
-				}
-			}
-		})
+// Probe probes endpoint id once (health and metrics) and returns its Load.
+func (s *Set) Probe(ctx context.Context, id string) Load {
+	if st, ok := s.lookup(id); ok {
+		s.probe(ctx, st)
 	}
-	wg.Wait()
+	return s.Load(id)
+}
+
+// Run probes every endpoint each interval until ctx ends, endpoints added meanwhile too (their first
+// probe at once).
+func (s *Set) Run(ctx context.Context) {
+	s.mu.Lock()
+	s.runCtx = ctx
+	for _, st := range s.v.Load().list {
+		s.startLoop(st, false)
+	}
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.loops.Wait()
+}
+
+// startLoop starts st's probe loop under s.runCtx (caller holds s.mu).
+func (s *Set) startLoop(st *state, now bool) {
+	ctx, cancel := context.WithCancel(s.runCtx)
+	st.stop = cancel
+	s.loops.Go(func() {
+		defer cancel()
+		if now {
+			s.probe(ctx, st)
+		}
+		t := time.NewTicker(s.interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.probe(ctx, st)
+			}
+		}
+	})
 }
 
 func (s *Set) get(ctx context.Context, url string) ([]byte, error) {

@@ -149,3 +149,67 @@ func TestProbe(t *testing.T) {
 		t.Fatal("a did not recover")
 	}
 }
+
+// Endpoints added while Run runs are probed at once and then every interval; a removed endpoint's probes
+// stop and it reads as unknown (unhealthy). Concurrent readers see one membership or the other.
+func TestSetAddRemoveAtRunTime(t *testing.T) {
+	var hits [2]atomic.Int64
+	var srv [2]*httptest.Server
+	for i := range srv {
+		srv[i] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits[i].Add(1)
+			if r.URL.Path == "/metrics" {
+				fmt.Fprintf(w, "vllm:num_requests_waiting %d\n", i+1)
+			}
+		}))
+		defer srv[i].Close()
+	}
+	s := NewSet([]Endpoint{{ID: "a", URL: srv[0].URL}}, srv[0].Client(), 20*time.Millisecond, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	stopRead := make(chan struct{})
+	readDone := make(chan struct{})
+	go func() { // a router reading while the membership changes (run with -race)
+		defer close(readDone)
+		for {
+			select {
+			case <-stopRead:
+				return
+			default:
+			}
+			for _, e := range s.Endpoints() {
+				_ = s.Load(e.ID)
+			}
+		}
+	}()
+	if !s.Add(Endpoint{ID: "b", URL: srv[1].URL}) || s.Add(Endpoint{ID: "b", URL: srv[0].URL}) {
+		t.Fatal("Add: a new ID is added once, an existing one is refused")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Load("b").Waiting != 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if l := s.Load("b"); !l.Healthy || l.Waiting != 2 {
+		t.Fatalf("added endpoint: %+v", l)
+	}
+	if !s.Remove("a") || s.Remove("a") {
+		t.Fatal("Remove: once")
+	}
+	time.Sleep(60 * time.Millisecond) // a probe in flight may finish
+	n := hits[0].Load()
+	time.Sleep(150 * time.Millisecond)
+	if got := hits[0].Load(); got != n {
+		t.Fatalf("a removed endpoint was probed %d more times", got-n)
+	}
+	if l := s.Load("a"); l.Healthy {
+		t.Fatalf("a removed endpoint reads healthy: %+v", l)
+	}
+	if eps := s.Endpoints(); len(eps) != 1 || eps[0].ID != "b" {
+		t.Fatalf("endpoints: %+v", eps)
+	}
+	close(stopRead)
+	<-readDone
+	cancel()
+	<-done
+}

@@ -5,7 +5,7 @@ import "time"
 // Eject takes id out of routing until until (passive outlier ejection after consecutive failures): Load
 // reports it unhealthy and Ejected whatever its probes say, until then.
 func (s *Set) Eject(id string, until time.Time) {
-	if st, ok := s.byID[id]; ok {
+	if st, ok := s.lookup(id); ok {
 		st.ejectedUntil.Store(until.UnixNano())
 	}
 }

@@ -161,10 +161,39 @@ type Model struct {
 	BlockSize    int
 	QueueTimeout time.Duration
 	Encoder      Encoder
-	Endpoints    []Endpoint
+	// Endpoints are the model's endpoints when Live is nil.
+	Endpoints []Endpoint
 	// MaxPromptTokens rejects longer prompts with 400 before routing (0: no limit).
 	MaxPromptTokens int
+	// Live, when set, is the model's run-time endpoint list, replaced whole while the gateway runs
+	// (endpoints added, removed, drained); it takes the place of Endpoints.
+	Live *EndpointList
 }
+
+// Current returns the model's endpoints now: Live's list, else Endpoints. The slice must not be modified.
+func (m *Model) Current() []Endpoint {
+	if m.Live != nil {
+		return m.Live.Load()
+	}
+	return m.Endpoints
+}
+
+// EndpointList is a model's run-time endpoint list: requests planned after a Store see the new list,
+// requests already planned keep their candidates. Safe for concurrent use.
+type EndpointList struct{ p atomic.Pointer[[]Endpoint] }
+
+// NewEndpointList returns a list holding eps.
+func NewEndpointList(eps []Endpoint) *EndpointList {
+	l := &EndpointList{}
+	l.Store(eps)
+	return l
+}
+
+// Load returns the current list (not to be modified).
+func (l *EndpointList) Load() []Endpoint { return *l.p.Load() }
+
+// Store replaces the list; eps must not be modified afterwards.
+func (l *EndpointList) Store(eps []Endpoint) { l.p.Store(&eps) }
 
 // Options configure a Router.
 type Options struct {
@@ -322,8 +351,9 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 	p.Keys = r.hasher.Keys(p.IDs, m.BlockSize, kvstore.ExtraKeys{LoRA: lora, CacheSalt: req.CacheSalt})
 	t = stage(metrics.StageKeys, t)
 	// candidates: healthy endpoints
-	ids := make([]kvstore.EndpointID, 0, len(m.Endpoints))
-	for _, e := range m.Endpoints {
+	current := m.Current()
+	ids := make([]kvstore.EndpointID, 0, len(current))
+	for _, e := range current {
 		ld := r.o.Endpoints.Load(e.EngineID())
 		if !ld.Healthy {
 			continue

@@ -360,7 +360,7 @@ func (s *Server) outlierFailure(m *route.Model, id string) {
 		return
 	}
 	others := 0
-	for _, e := range m.Endpoints {
+	for _, e := range m.Current() {
 		if e.ID != id && s.o.Endpoints.Load(e.ID).Healthy {
 			others++
 		}

@@ -333,7 +333,7 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		rm := s.o.Models[m.Name].Model
 		eps := map[string]epState{}
 		any := false
-		for _, e := range rm.Endpoints {
+		for _, e := range rm.Current() {
 			l := s.o.Endpoints.Load(e.ID)
 			st := epState{Healthy: l.Healthy, Waiting: l.Waiting, Running: l.Running, KVCacheUsage: l.KVCacheUsage, Error: l.Err, Ejected: l.Ejected}
 			if l.Ejected {

@@ -20,10 +20,11 @@ func digest(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// RunBlobsAndLeases runs the Blobs, Leases and Policies conformance suites against stores made by newStore.
+// RunBlobsAndLeases runs the Blobs, Leases, Policies and Endpoints conformance suites against stores made by newStore.
 func RunBlobsAndLeases(t *testing.T, newStore StoreFactory) {
 	ctx := context.Background()
 	t.Run("Policies", func(t *testing.T) { RunPolicies(t, newStore) })
+	t.Run("Endpoints", func(t *testing.T) { RunEndpoints(t, newStore) })
 	t.Run("Blobs", func(t *testing.T) {
 		s := newStore(t)
 		b := s.Blobs

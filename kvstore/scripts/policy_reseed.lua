@@ -1,5 +1,6 @@
 -- Reseed. ARGV[3]: epoch; ARGV[4]: #blobs, then (name, sha256, data)...; then #stacks, then
--- (model, #entries, entries...)... Only when no epoch marker exists: returns {marker, 1 if set here}.
+-- (model, #entries, entries...)...; then #endpoints (-1: leave the endpoint set alone), then (id, record
+-- JSON)... (the set is written whole, at revision 1). Only when no epoch marker exists: returns {marker, 1 if set here}.
 local cur = redis.call('GET', p .. 'epoch')
 if cur then return {cur, 0} end
 redis.call('SET', p .. 'epoch', ARGV[3])
@@ -25,6 +26,17 @@ for _ = 1, ns do
   i = i + n
   redis.call('SADD', p .. 'models', m)
   keep_legacy(m, k)
+end
+local ne = tonumber(ARGV[i])
+i = i + 1
+if ne >= 0 then
+  redis.call('DEL', p .. 'endpoints')
+  for _ = 1, ne do
+    redis.call('HSET', p .. 'endpoints', ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  redis.call('SET', p .. 'endpoints:rev', 1)
+  redis.call('PUBLISH', channel, 'endpoints')
 end
 redis.call('PUBLISH', channel, 'fleet:reseeded')
 return {ARGV[3], 1}
