@@ -180,6 +180,8 @@ type Config struct {
 	TokenIDsRecheckInterval time.Duration `yaml:"token_ids_recheck_interval"`
 	// FrontDoor holds the client-connection, upstream-timeout, retry and exposure keys (frontdoor.go).
 	FrontDoor `yaml:",inline"`
+	// Ops holds the access-log, drain, TLS and tracing keys (ops.go).
+	Ops `yaml:",inline"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -437,6 +439,7 @@ func (c *Config) applyDefaults() {
 		c.TokenIDsRecheckInterval = time.Second
 	}
 	c.FrontDoor.applyDefaults()
+	c.Ops.applyDefaults()
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -523,6 +526,7 @@ func (c *Config) Validate() error {
 		bad("default_output_tokens", "must not be negative")
 	}
 	c.FrontDoor.validate(bad)
+	c.Ops.validate(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

@@ -61,6 +61,8 @@ type Metrics struct {
 	LoadOnlyRoutes *prometheus.CounterVec
 	// Front holds the front-door collectors (connections, timeouts, ejections; frontdoor.go).
 	Front *FrontDoor
+	// Req holds the request latency histograms and the engines' token usage (requests.go).
+	Req *RequestMetrics
 }
 
 // New creates the collectors and registers them, plus the Go and process collectors, on a new registry.
@@ -109,6 +111,7 @@ func New() *Metrics {
 		m.EndpointKVCacheUsage, m.EndpointHealthy, m.StoreDown, m.StoreErrors, m.LoadOnlyRoutes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Front = newFrontDoor(r)
+	m.Req = newRequestMetrics(r)
 	return m
 }
 

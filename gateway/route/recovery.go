@@ -81,7 +81,7 @@ func (r *Router) probeStore() {
 		if err == nil {
 			r.o.Metrics.StoreDown.Set(0)
 			r.o.Log.Info("store reachable again: claims re-registered; store-down caps kept during the recovery grace",
-				slog.Duration("grace", r.o.RecoveryGrace))
+				slog.Float64("grace_seconds", r.o.RecoveryGrace.Seconds()))
 			return
 		}
 	}

@@ -108,6 +108,10 @@ type Server struct {
 	refused refusedSet
 	// outl counts consecutive endpoint failures (passive outlier ejection).
 	outl outliers
+	// perEndpoint caches the request metrics' children by [model, endpoint]; logShare is the access log's
+	// share of successful requests (0: off).
+	perEndpoint sync.Map
+	logShare    float64
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -119,7 +123,8 @@ type requestKey struct {
 // New builds the Fiber app.
 func New(o Options) *Server {
 	base, stop := context.WithCancel(context.Background())
-	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop, retries: newRetryBudget(o.Config.RetryBudget)}
+	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop, retries: newRetryBudget(o.Config.RetryBudget),
+		logShare: o.Config.AccessLogSample()}
 	for _, p := range o.Config.TrustedProxies {
 		if pr, err := config.ParseTrustedProxy(p); err == nil { // validated by config
 			s.trusted = append(s.trusted, pr)
@@ -202,19 +207,20 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	if errors.As(err, &oe) {
 		return sendError(c, oe)
 	}
+	requestID(c)
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
 		// A request refused on its headers had a one-byte body limit (headerReceived): answer the refusal,
 		// not the 413 (or the timeout). fasthttp closes the connection after this answer.
 		if r, ok := s.refused.take(&c.Request().Header); ok {
 			if r.generate {
-				s.count(UnknownModel, "", r.e.Status)
+				s.endRefused(c, r.e.Status)
 			}
 			return sendError(c, r.e)
 		}
 		if fe.Code == fiber.StatusRequestEntityTooLarge {
 			if norm, ok := NormalizePath(string(c.Request().URI().PathOriginal())); ok && isGeneratePath(norm) {
-				s.count(UnknownModel, "", fe.Code) // the body was never read: its model is unknown
+				s.endRefused(c, fe.Code) // the body was never read: its model is unknown
 			}
 			return sendError(c, openai.TooLarge(s.o.Config.MaxBodyBytes))
 		}
@@ -224,7 +230,7 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 		}
 		return sendError(c, openai.Errorf(fe.Code, typ, "", "", "%s", fe.Message))
 	}
-	s.o.Log.Error("handler error", slog.String("error", err.Error()), slog.String("path", c.Path()))
+	s.o.Log.Error("handler error", slog.String("request_id", requestID(c)), slog.String("error", err.Error()), slog.String("path", c.Path()))
 	return sendError(c, openai.Errorf(500, "server_error", "", "", "internal error"))
 }
 
@@ -385,32 +391,38 @@ func clientHeaders(c *fiber.Ctx) http.Header {
 }
 
 var skipRespHeader = map[string]bool{"Content-Length": true, "Transfer-Encoding": true, "Connection": true,
-	"Keep-Alive": true, "Date": true, "Server": true}
+	"Keep-Alive": true, "Date": true, "Server": true, HeaderRequestID: true}
 
 // generate serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) generate(api openai.API) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
+		ri := &reqInfo{id: requestID(c), start: start, label: UnknownModel, chat: api == openai.Chat}
+		log := reqLog{s.o.Log, ri.id}
 		body := bytes.Clone(c.Body()) // Fiber reuses its buffers; the stream writer outlives the handler
 		req, err := openai.ParseRequest(api, body)
 		if err != nil {
-			s.count(s.modelLabel(gjson.GetBytes(body, "model").Str), "", http.StatusBadRequest)
+			ri.model = clip(gjson.GetBytes(body, "model").Str)
+			ri.label = s.modelLabel(ri.model)
+			s.end(ri, http.StatusBadRequest)
 			return err
 		}
+		ri.model, ri.stream = clip(req.Model), req.Stream
 		sm, ok := s.o.Models[req.Model]
 		if !ok {
-			s.count(UnknownModel, "", http.StatusNotFound)
+			s.end(ri, http.StatusNotFound)
 			return openai.ModelNotFound(req.Model)
 		}
+		ri.label = sm.Model.Name
 		if req.Prompts > s.o.Config.MaxBatchPrompts {
-			s.count(sm.Model.Name, "", http.StatusBadRequest)
+			s.end(ri, http.StatusBadRequest)
 			return openai.Errorf(http.StatusBadRequest, "invalid_request_error", "prompt", "batch_too_large",
 				"The batch has %d prompts; at most %d (max_batch_prompts) are accepted.", req.Prompts, s.o.Config.MaxBatchPrompts)
 		}
 		// Behind a trusted proxy, max_connections_per_ip caps concurrent requests per forwarded client.
 		relClient, okClient := s.clients.acquire(c)
 		if !okClient {
-			s.count(sm.Model.Name, "", http.StatusTooManyRequests)
+			s.end(ri, http.StatusTooManyRequests)
 			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
 			return sendError(c, openai.Errorf(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests",
 				"Too many concurrent requests from this client (max_connections_per_ip)."))
@@ -425,12 +437,14 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				relClient()
 			}
 		}()
-		log := s.o.Log
 		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
 		if err != nil {
-			return s.fail(c, req, "", err)
+			return s.fail(c, ri, err)
 		}
+		ri.prompt = len(plan.IDs)
+		ri.policy = route.ShortVersion(plan.Info.Policy)
 		hdr := clientHeaders(c)
+		hdr.Set(HeaderRequestID, ri.id)
 		dropAuth := len(s.secrets.ClientAPIKeys) > 0
 		exclude := map[int]bool{}
 		var resp *http.Response
@@ -455,10 +469,10 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if err != nil {
 				if ctx.Err() != nil {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
-					s.count(sm.Model.Name, "", StatusClientClosed)
+					s.end(ri, StatusClientClosed)
 					return nil
 				}
-				return s.fail(c, req, "", err)
+				return s.fail(c, ri, err)
 			}
 			if len(exclude) == 0 {
 				s.o.Router.Record(ctx, plan, claim)
@@ -474,7 +488,8 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if berr != nil {
 				s.o.Router.Release(claim)
 				log.Warn("cannot build the engine request body", slog.String("endpoint_id", cand.ID), slog.String("error", berr.Error()))
-				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
+				ri.endpoint = cand.ID
+				return s.fail(c, ri, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
 			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: upstream.WithRank(hdr, cand.DataParallelRank()),
@@ -504,12 +519,14 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				resp.Body.Close()
 				s.o.Router.Release(claim)
 				s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+				ri.retries++
 				continue
 			}
 			s.o.Router.Release(claim)
+			ri.endpoint = cand.ID
 			if ctx.Err() != nil {
 				s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
-				s.count(sm.Model.Name, cand.ID, StatusClientClosed)
+				s.end(ri, StatusClientClosed)
 				return nil
 			}
 			var ue *upstream.Error
@@ -524,9 +541,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				log.Warn("upstream failed after the request was sent; not retried", slog.String("endpoint_id", cand.ID),
 					slog.String("error", err.Error()))
 				if ue != nil && ue.Timeout != nil {
-					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+					return s.fail(c, ri, upstreamTimeout(req.Model))
 				}
-				return s.fail(c, req, cand.ID, openai.Upstream("The engine failed before responding."))
+				return s.fail(c, ri, openai.Upstream("The engine failed before responding."))
 			}
 			log.Warn("upstream failed before the request was sent", slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
 			s.o.Endpoints.MarkDown(cand.EngineID(), err.Error())
@@ -538,13 +555,16 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if !cfg.RetryOnConnect() || !retry(claim.Index) {
 				// The details (engine URLs, socket errors) are in the log above, not for the client.
 				if ue != nil && ue.Timeout != nil {
-					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+					return s.fail(c, ri, upstreamTimeout(req.Model))
 				}
-				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint tried for `%s` failed before responding.", req.Model)))
+				return s.fail(c, ri, openai.Upstream(fmt.Sprintf("Every endpoint tried for `%s` failed before responding.", req.Model)))
 			}
 			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+			ri.retries++
+			ri.endpoint = ""
 		}
 		epID := plan.Candidates[claim.Index].ID
+		ri.endpoint = epID
 		// Renew the lease while the response runs.
 		stopRenew := every(max(s.o.Router.LeaseTTL()/3, 100*time.Millisecond), func() bool {
 			if err := s.o.Router.Renew(ctx, claim); err != nil && ctx.Err() == nil {
@@ -565,14 +585,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				if disconnected {
 					status = StatusClientClosed
 				}
-				s.count(sm.Model.Name, epID, status)
+				s.end(ri, status)
 				if disconnected {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
-				}
-				if log.Enabled(ctx, slog.LevelDebug) {
-					log.LogAttrs(context.Background(), slog.LevelDebug, "request done", slog.String("model", req.Model),
-						slog.String("endpoint_id", epID), slog.Int("status", status), slog.Bool("stream", req.Stream),
-						slog.Int("prompt_tokens", len(plan.IDs)), slog.Duration("duration", time.Since(start)))
 				}
 			})
 		}
@@ -613,6 +628,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				log.Warn("engine response failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
 				return sendError(c, e)
 			}
+			if resp.StatusCode < 300 {
+				ri.use = parseUsage(gjson.GetBytes(b, "usage"))
+			}
 			finish(resp.StatusCode, false)
 			return c.Send(b)
 		}
@@ -625,6 +643,13 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 			buf := make([]byte, 32<<10)
 			var sc streamScan
+			var tail streamTail
+			// atEnd takes the stream's usage before the request ends.
+			atEnd := func() {
+				if validate {
+					ri.use = tail.usage()
+				}
+			}
 			// endWithError ends a stream that failed or ended unfinished with one error event (none when
 			// the engine already sent one) and counts it as an upstream failure.
 			endWithError := func(msg string) {
@@ -644,6 +669,12 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			for {
 				n, rerr := resp.Body.Read(buf)
 				if n > 0 {
+					ri.last = time.Now()
+					if ri.first.IsZero() {
+						ri.first = ri.last
+					}
+					ri.events += tokenEvents(buf[:n])
+					tail.add(buf[:n])
 					sc.scan(buf[:n])
 					// A client that accepts nothing for client_write_timeout is disconnected: the write
 					// fails, the engine request is cancelled and the lease released.
@@ -660,6 +691,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 					}
 				}
 				if rerr == io.EOF {
+					atEnd()
 					switch {
 					case !validate:
 						finish(resp.StatusCode, false)
@@ -685,6 +717,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 						s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(epID, timeoutKind(to)).Inc()
 					}
 					if sc.finished() && !sc.sawError {
+						atEnd()
 						finish(resp.StatusCode, false) // everything was delivered; only the close was unclean
 						return
 					}
@@ -697,19 +730,27 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 	}
 }
 
-// fail answers err (an *openai.Error or a wrapped one) and counts it.
-func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) error {
+// fail answers err (an *openai.Error or a wrapped one) and ends the request.
+func (s *Server) fail(c *fiber.Ctx, ri *reqInfo, err error) error {
 	var oe *openai.Error
 	if !errors.As(err, &oe) {
 		oe = openai.Errorf(500, "server_error", "", "", "%v", err)
 	}
-	s.count(s.modelLabel(req.Model), ep, oe.Status)
+	s.end(ri, oe.Status)
 	if oe.Status == http.StatusTooManyRequests || oe.Status == http.StatusServiceUnavailable {
 		// Every endpoint stayed full for the queue timeout, or none is healthy: a client (the OpenAI SDKs
 		// honour it) should wait before retrying rather than retry at once.
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
 	}
 	return sendError(c, oe)
+}
+
+// clip bounds a client's string written to a log line.
+func clip(s string) string {
+	if len(s) > 256 {
+		return s[:256]
+	}
+	return s
 }
 
 // modelLabel returns the model label for a client-facing model name: the served base model's name (a LoRA

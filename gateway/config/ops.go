@@ -1,0 +1,100 @@
+package config
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Operations defaults (access log, drain). See the README's "Operations" section.
+const (
+	// DefaultShutdownGrace is how long a stopping gateway keeps accepting after SIGTERM while /readyz
+	// already fails, so that load balancers stop sending it new requests first.
+	DefaultShutdownGrace = 5 * time.Second
+	// DefaultDrainTimeout is how long a stopping gateway waits for its in-flight requests (streams
+	// included) once it stopped accepting; those still running then are cancelled.
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// Access-log modes (Ops.AccessLog).
+const (
+	AccessLogOn  = "on"
+	AccessLogOff = "off"
+)
+
+// Ops holds the operations keys: access log, drain on shutdown. Its fields are top-level keys of the file
+// (inlined into Config).
+type Ops struct {
+	// AccessLog is "on" (default: one info line per generation request), "off", or a fraction in (0,1]
+	// such as 0.05: that share of successful requests is logged, and every request answered with a status
+	// of 400 or more (or 499, the client went away) is logged whatever the fraction.
+	AccessLog string `yaml:"access_log,omitempty"`
+	// ShutdownGrace is how long, after SIGTERM, the gateway keeps serving and accepting while /readyz
+	// answers 503 (default 5s; 0s is allowed only written as "0s": no grace).
+	ShutdownGrace *time.Duration `yaml:"shutdown_grace,omitempty"`
+	// DrainTimeout bounds the wait for in-flight requests (streams included) once the listener closed
+	// (default 30s); requests still running then are cancelled and their leases released.
+	DrainTimeout time.Duration `yaml:"drain_timeout,omitempty"`
+}
+
+func (o *Ops) applyDefaults() {
+	if o.AccessLog == "" {
+		o.AccessLog = AccessLogOn
+	}
+	if o.ShutdownGrace == nil {
+		d := DefaultShutdownGrace
+		o.ShutdownGrace = &d
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+}
+
+func (o *Ops) validate(bad func(key, format string, a ...any)) {
+	if _, ok := parseAccessLog(o.AccessLog); !ok {
+		bad("access_log", "want on, off or a fraction in (0,1], got %q", o.AccessLog)
+	}
+	if o.ShutdownGrace != nil && *o.ShutdownGrace < 0 {
+		bad("shutdown_grace", "must not be negative, got %v", *o.ShutdownGrace)
+	}
+	if o.DrainTimeout < 0 {
+		bad("drain_timeout", "must be positive, got %v", o.DrainTimeout)
+	}
+}
+
+// AccessLogSample is the share of successful requests the access log writes: 1 for on (and for a Config
+// built by a program that left the key empty), 0 for off, else the configured fraction.
+func (o *Ops) AccessLogSample() float64 {
+	f, _ := parseAccessLog(o.AccessLog)
+	return f
+}
+
+// Grace returns shutdown_grace (DefaultShutdownGrace when unset).
+func (o *Ops) Grace() time.Duration {
+	if o.ShutdownGrace == nil {
+		return DefaultShutdownGrace
+	}
+	return *o.ShutdownGrace
+}
+
+// Drain returns drain_timeout (DefaultDrainTimeout when unset).
+func (o *Ops) Drain() time.Duration {
+	if o.DrainTimeout <= 0 {
+		return DefaultDrainTimeout
+	}
+	return o.DrainTimeout
+}
+
+func parseAccessLog(s string) (float64, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", AccessLogOn, "true":
+		return 1, true
+	case AccessLogOff, "false":
+		return 0, true
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return 0, false
+	}
+	return f, true
+}
