@@ -77,9 +77,12 @@ type Gateway struct {
 	// tpu is the TPU slice allocator on the gateway's store (admin /admin/v1/tpu/...).
 	tpu *tpu.Allocator
 
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closing atomic.Bool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// ingCancel stops event ingestion alone (drain hands the ingestion leases over); ingWG waits for it.
+	ingCancel context.CancelFunc
+	ingWG     sync.WaitGroup
+	closing   atomic.Bool
 	// stopped receives one error if the server stopped serving while the gateway was not being closed.
 	stopped chan error
 	mln     net.Listener // metrics_listen, nil when unset
@@ -240,6 +243,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	cc()
 
 	// Event ingestion: one gateway at a time per endpoint, under a store lease.
+	ingCtx, ingCancel := context.WithCancel(runCtx)
+	g.ingCancel = ingCancel
 	for _, m := range cfg.Models {
 		for _, e := range m.Endpoints {
 			if e.KVEvents == "" {
@@ -248,7 +253,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			if _, err := kvevents.NewIngester(g.ingesterConfig(m, e)); err != nil {
 				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
 			}
-			g.wg.Go(func() { g.runIngestion(runCtx, m, e) })
+			g.ingWG.Go(func() { g.runIngestion(ingCtx, m, e) })
 		}
 	}
 	g.registerIngestMetrics()
@@ -406,7 +411,8 @@ func (g *Gateway) Close(ctx context.Context) error {
 	if g.cancel != nil {
 		g.cancel()
 	}
-	g.wg.Wait() // ingesters close and release their leases as runIngestion returns
+	g.wg.Wait()
+	g.ingWG.Wait() // ingesters close and release their leases as runIngestion returns
 	if g.router != nil {
 		g.router.Close()
 	}

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -128,14 +127,19 @@ func serve(ctx context.Context, cfgPath string, out io.Writer) error {
 	var stopped error
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down")
+		// SIGTERM/SIGINT: drain (README "Operations"). stop() restores the signals' default action, so a
+		// second signal ends the process at once.
+		stop()
+		if err := g.Drain(context.Background(), cfg.Grace(), cfg.Drain()); err != nil &&
+			!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return nil
 	case stopped = <-g.Stopped(): // logged by the gateway; exit non-zero so that a supervisor restarts us
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Drain())
 	defer cancel()
-	if err := g.Close(sctx); err != nil && !errors.Is(err, context.Canceled) && stopped == nil {
-		return err
-	}
+	g.Close(sctx)
 	return stopped
 }
 

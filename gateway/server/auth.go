@@ -49,6 +49,9 @@ func tokenOK(got, want string) bool {
 func (s *Server) auth(c *fiber.Ctx) error {
 	s.refused.del(&c.Request().Header)
 	requestID(c) // every answer carries X-Request-Id
+	if s.draining.Load() {
+		c.Context().SetConnectionClose()
+	}
 	if e, gen := s.refusal(&c.Request().Header); e != nil {
 		if gen {
 			s.endRefused(c, e.Status) // the body is not read for a refused client

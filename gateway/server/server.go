@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -112,6 +113,9 @@ type Server struct {
 	// share of successful requests (0: off).
 	perEndpoint sync.Map
 	logShare    float64
+	// draining is set by SetDraining (shutdown); active counts the generation requests not yet ended.
+	draining atomic.Bool
+	active   atomic.Int64
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -189,11 +193,31 @@ func (s *Server) MetricsHandler() http.Handler {
 	})
 }
 
-// Shutdown stops accepting, cancels in-flight upstream requests (their leases are released) and waits up to
-// ctx for handlers to end.
+// SetDraining starts a drain: /readyz answers 503 {"ready":false,"draining":true} from now on, and every
+// response closes its connection (keep-alive clients reconnect, through their load balancer, elsewhere).
+// The server goes on serving until Shutdown.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// Draining says whether SetDraining was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// Active returns the generation requests (streams included) that have not ended.
+func (s *Server) Active() int64 { return s.active.Load() }
+
+// cancelledGrace bounds the wait for cancelled requests to end (and release their leases) after Shutdown's
+// ctx ended.
+const cancelledGrace = 3 * time.Second
+
+// Shutdown stops accepting and waits up to ctx for in-flight requests (streams included) to end; then it
+// cancels the rest (their engine requests are cancelled) and waits up to cancelledGrace more for them to
+// end, so that their leases are released before the caller closes the store.
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.app.ShutdownWithContext(ctx)
 	s.stop()
+	deadline := time.Now().Add(cancelledGrace)
+	for s.active.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	return err
 }
 
@@ -292,6 +316,10 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		Error        string     `json:"error,omitempty"`
 		Ejected      bool       `json:"ejected,omitempty"`
 		EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	}
+	if s.draining.Load() {
+		c.Context().SetConnectionClose()
+		return c.Status(fiber.StatusServiceUnavailable).JSON(fiber.Map{"ready": false, "draining": true})
 	}
 	ready := true
 	models := map[string]map[string]epState{}
@@ -430,11 +458,13 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		ctx, cancel := context.WithCancel(s.base)
 		stopWatch := watch(c.Context().Conn(), cancel)
 		finished := false
+		s.active.Add(1)
 		defer func() {
 			if !finished { // not handed to a stream writer
 				stopWatch()
 				cancel()
 				relClient()
+				s.active.Add(-1)
 			}
 		}()
 		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
@@ -588,6 +618,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				s.end(ri, status)
 				if disconnected {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
+				}
+				if finished {
+					s.active.Add(-1) // a stream ends here; else the handler's deferred call counts it
 				}
 			})
 		}
