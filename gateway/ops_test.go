@@ -20,6 +20,7 @@ import (
 	"github.com/openai/openai-go"
 	"github.com/openai/openai-go/option"
 
+	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/gateway/config"
 )
 
@@ -318,5 +319,81 @@ func TestAccessLogSampling(t *testing.T) {
 	// 200 draws at 0.25: mean 50, sd ≈ 6.1; 20..80 is beyond ±4.9 sd.
 	if errs != 10 || ok < 20 || ok > 80 {
 		t.Fatalf("sampled 0.25: %d of %d successes and %d of 10 errors logged", ok, n, errs)
+	}
+}
+
+// Issue 17 item 3: after real requests through the official client, /metrics has TTFT and ITL for the two
+// streams (an engine at 25 ms a step: ITL about 25 ms, TTFT at least one step and below the duration), a
+// duration for each of the three requests, and usage counters equal to the sums of the usage the client
+// got (the stream that asked for no usage adds none).
+func TestRequestMetrics(t *testing.T) {
+	const step = 25 * time.Millisecond
+	engines := startSims(t, 1, func(c *sim.Config) {
+		c.TimeScale, c.StepOverhead, c.DecodePerSeq, c.PrefillPerToken = 1, step, 0, 0
+	})
+	g := startGateway(t, gwYAML("      - {id: e0, engine: enginesim, url: \"http://"+engines[0].HTTPAddr()+"\"}\n", ""))
+	c := client(g)
+	ctx := context.Background()
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(longSystemPrompt(20)), openai.UserMessage("Count to ten.")}
+	var prompt, cached, completion int64
+	add := func(u openai.CompletionUsage) {
+		prompt, cached, completion = prompt+u.PromptTokens, cached+u.PromptTokensDetails.CachedTokens, completion+u.CompletionTokens
+	}
+	cc, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen3", Messages: msgs, MaxTokens: openai.Int(4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(cc.Usage)
+	// A stream with usage (its prompt now cached), then one without.
+	st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen3", Messages: msgs, MaxTokens: openai.Int(10),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}})
+	var su openai.CompletionUsage
+	for st.Next() {
+		if u := st.Current().Usage; u.CompletionTokens > 0 {
+			su = u
+		}
+	}
+	if st.Err() != nil || su.CompletionTokens != 10 || su.PromptTokensDetails.CachedTokens == 0 {
+		t.Fatalf("stream: %v %+v", st.Err(), su)
+	}
+	add(su)
+	st = c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen3", Messages: msgs, MaxTokens: openai.Int(10)})
+	chunks := 0
+	for st.Next() {
+		chunks++
+	}
+	if st.Err() != nil || chunks != 11 { // the role chunk and ten tokens
+		t.Fatalf("stream without usage: %v, %d chunks", st.Err(), chunks)
+	}
+	m := func(name string) float64 {
+		return scrapeSample(t, g, name+`{endpoint="e0",model="qwen3"}`)
+	}
+	if n := m("kvgate_request_duration_seconds_count"); n != 3 {
+		t.Fatalf("durations observed: %v, want 3", n)
+	}
+	if n := m("kvgate_time_to_first_token_seconds_count"); n != 2 {
+		t.Fatalf("TTFTs observed: %v, want 2", n)
+	}
+	if n := m("kvgate_inter_token_latency_seconds_count"); n != 2 {
+		t.Fatalf("ITLs observed: %v, want 2", n)
+	}
+	itl := m("kvgate_inter_token_latency_seconds_sum") / 2
+	if itl < 0.8*step.Seconds() || itl > 4*step.Seconds() {
+		t.Fatalf("mean ITL %.4f s for an engine at %v a token", itl, step)
+	}
+	ttft := m("kvgate_time_to_first_token_seconds_sum") / 2
+	if ttft < step.Seconds() || ttft*2 > m("kvgate_request_duration_seconds_sum") {
+		t.Fatalf("mean TTFT %.4f s (one step is %v; durations sum %.3f s)", ttft, step, m("kvgate_request_duration_seconds_sum"))
+	}
+	// Each stream takes at least its ten steps; the TTFT buckets say none waited 10 s.
+	if m("kvgate_request_duration_seconds_sum") < 24*step.Seconds() {
+		t.Fatalf("durations sum %.3f s: under the streams' 24 steps", m("kvgate_request_duration_seconds_sum"))
+	}
+	if b := scrapeSample(t, g, `kvgate_time_to_first_token_seconds_bucket{endpoint="e0",model="qwen3",le="10"}`); b != 2 {
+		t.Fatalf("TTFT le=10 bucket %v", b)
+	}
+	if p, ca, co := m("kvgate_usage_prompt_tokens_total"), m("kvgate_usage_cached_tokens_total"), m("kvgate_usage_completion_tokens_total"); p != float64(prompt) ||
+		ca != float64(cached) || co != float64(completion) || co != 14 {
+		t.Fatalf("usage counters prompt %v cached %v completion %v; the client got %d %d %d", p, ca, co, prompt, cached, completion)
 	}
 }

@@ -133,5 +133,6 @@ func (m *Metrics) InitModel(model string, endpoints, reasons []string) {
 	for _, e := range endpoints {
 		m.UpstreamRetries.WithLabelValues(e)
 		m.InFlight.WithLabelValues(e)
+		m.Req.Endpoint(model, e)
 	}
 }
