@@ -25,6 +25,7 @@ var errEpochChanged = errors.New("gateway: redis store epoch changed (restarted 
 // periodic epoch check would see an empty store. The refused dial fails the command, the router switches to
 // store-down routing, stops expecting an epoch, and recovers (re-registering its running requests).
 type epochGuard struct {
+	username string // AUTH user (ACL), with password
 	password string // AUTH before reading, when set
 	db       int    // SELECT before reading, when not 0
 	timeout  time.Duration
@@ -77,7 +78,10 @@ func (g epochGuard) readMarker(ctx context.Context, conn net.Conn) (string, erro
 	_ = conn.SetDeadline(dl)
 	defer conn.SetDeadline(time.Time{})
 	var cmds []string
-	if g.password != "" {
+	switch {
+	case g.password != "" && g.username != "":
+		cmds = append(cmds, respCommand("AUTH", g.username, g.password))
+	case g.password != "":
 		cmds = append(cmds, respCommand("AUTH", g.password))
 	}
 	if g.db != 0 {

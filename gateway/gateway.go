@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/metrics"
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/gateway/server"
+	"github.com/kvgate/kvgate/gateway/tlsconf"
 	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
@@ -114,8 +116,16 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	// Store.
 	// A Redis that does not answer at start does not stop the gateway: it serves the config's policy on
 	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
+	var storeTLS *tls.Config
+	if t := cfg.Store.TLS; t != nil {
+		var err error
+		if storeTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
+			return nil, fmt.Errorf("gateway: store.tls: %w", err)
+		}
+	}
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
-		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true,
+		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
+		TLS: storeTLS, AllowUnreachable: true,
 		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
@@ -182,9 +192,15 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.wg.Go(func() { ps.run(runCtx) })
 
 	// Endpoints and models.
+	var upTLS *tls.Config
+	if t := cfg.UpstreamTLS; t != nil {
+		if upTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
+			return nil, fmt.Errorf("gateway: upstream_tls: %w", err)
+		}
+	}
 	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
 		FirstByteTimeout: cfg.UpstreamFirstByteTimeout, TotalTimeout: cfg.UpstreamTotalTimeout,
-		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies})
+		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies, TLS: upTLS})
 	g.upHTTP = up.HTTP()
 	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
@@ -268,11 +284,19 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		// A standalone Redis that restarted empty is refused on every new connection until the router has
 		// recovered onto it (gateway/RATIONALE.md); a cluster relies on the router's periodic epoch check.
 		rt := g.router
-		c.AddHook(epochGuard{password: o.Secrets.StorePassword, db: cfg.Store.DB, timeout: 2 * time.Second,
+		c.AddHook(epochGuard{username: cfg.Store.Username, password: o.Secrets.StorePassword, db: cfg.Store.DB, timeout: 2 * time.Second,
 			expect: rt.StoreEpoch})
 	}
 
-	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
+	var listenTLS *tls.Config
+	if cfg.TLS != nil {
+		ts, err := tlsconf.NewServer(cfg.TLS.CertFile, cfg.TLS.KeyFile, log)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: tls: %w", err)
+		}
+		listenTLS = ts.Config()
+	}
+	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router, TLS: listenTLS,
 		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
 		EngineBody: g.tokens.engineBody})
 

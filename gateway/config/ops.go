@@ -35,6 +35,33 @@ type Ops struct {
 	// DrainTimeout bounds the wait for in-flight requests (streams included) once the listener closed
 	// (default 30s); requests still running then are cancelled and their leases released.
 	DrainTimeout time.Duration `yaml:"drain_timeout,omitempty"`
+	// TLS, when set, serves listen over TLS with this certificate, reloaded when its files change.
+	TLS *ListenerTLS `yaml:"tls,omitempty"`
+	// UpstreamTLS verifies https:// engines with ca_file (default: the system's roots) and presents a
+	// client certificate for mutual TLS.
+	UpstreamTLS *ClientTLS `yaml:"upstream_tls,omitempty"`
+}
+
+// ListenerTLS names the listener's PEM certificate (chain) and key files.
+type ListenerTLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// ClientTLS configures a TLS client (engines, Redis): CAFile is a PEM bundle of the CAs that verify the
+// server (empty: the system's roots); CertFile and KeyFile, both or neither, the client certificate for
+// mutual TLS; ServerName, when set, the name verified instead of the dialled host.
+type ClientTLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+func (t *ClientTLS) validate(key string, bad func(key, format string, a ...any)) {
+	if t != nil && (t.CertFile == "") != (t.KeyFile == "") {
+		bad(key+".cert_file", "cert_file and key_file go together")
+	}
 }
 
 func (o *Ops) applyDefaults() {
@@ -60,6 +87,10 @@ func (o *Ops) validate(bad func(key, format string, a ...any)) {
 	if o.DrainTimeout < 0 {
 		bad("drain_timeout", "must be positive, got %v", o.DrainTimeout)
 	}
+	if o.TLS != nil && (o.TLS.CertFile == "" || o.TLS.KeyFile == "") {
+		bad("tls", "needs cert_file and key_file")
+	}
+	o.UpstreamTLS.validate("upstream_tls", bad)
 }
 
 // AccessLogSample is the share of successful requests the access log writes: 1 for on (and for a Config

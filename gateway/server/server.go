@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,6 +83,8 @@ type Options struct {
 	Admin func(r fiber.Router)
 	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
 	Ready func() map[string]any
+	// TLS, if set, serves the listener over TLS (gateway/tlsconf: the certificate reloads on change).
+	TLS *tls.Config
 	// EngineBody, if set, builds the body sent to candidate c for plan p from the client's body (the
 	// gateway's chat token IDs and drift guard); nil: upstream.Body by engine kind.
 	EngineBody func(p *route.Plan, c route.Candidate, body []byte) ([]byte, error)
@@ -177,7 +180,12 @@ func (s *Server) App() *fiber.App { return s.app }
 // only after Shutdown or when ln is closed.
 func (s *Server) Serve(ln net.Listener) error {
 	cfg := s.o.Config
-	return s.app.Listener(newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log))
+	var l net.Listener = newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log)
+	if s.o.TLS != nil {
+		// The handshake runs on the connection's first read, inside client_header_timeout.
+		l = tls.NewListener(l, s.o.TLS)
+	}
+	return s.app.Listener(l)
 }
 
 // MetricsHandler serves /metrics for a separate listener (metrics_listen).
@@ -522,8 +530,15 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				return s.fail(c, ri, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
-			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: upstream.WithRank(hdr, cand.DataParallelRank()),
-				DropAuth: dropAuth, Stream: req.Stream})
+			uh, drop := upstream.WithRank(hdr, cand.DataParallelRank()), dropAuth
+			if key, ok := s.secrets.EndpointKeys[cand.EngineID()]; ok {
+				// The engine's own API key (api_key_env) replaces whatever the client sent.
+				uh = uh.Clone()
+				uh.Set(fiber.HeaderAuthorization, "Bearer "+key)
+				drop = false
+			}
+			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: uh,
+				DropAuth: drop, Stream: req.Stream})
 			if err == nil {
 				if resp.StatusCode >= 500 {
 					s.outlierFailure(sm.Model, cand.EngineID())
