@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/gateway/server"
 	"github.com/kvgate/kvgate/gateway/tlsconf"
+	"github.com/kvgate/kvgate/gateway/tracing"
 	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
@@ -81,6 +83,8 @@ type Gateway struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// traces is the OpenTelemetry tracer provider (nil: tracing off).
+	traces *tracing.Provider
 	// ingCancel stops event ingestion alone (drain hands the ingestion leases over); ingWG waits for it.
 	ingCancel context.CancelFunc
 	ingWG     sync.WaitGroup
@@ -296,7 +300,15 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		}
 		listenTLS = ts.Config()
 	}
-	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router, TLS: listenTLS,
+	var tracer trace.Tracer
+	if t := cfg.Tracing; t != nil {
+		if g.traces, err = tracing.New(ctx, tracing.Options{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio,
+			ServiceName: t.ServiceName, BatchTimeout: t.BatchTimeout}); err != nil {
+			return nil, fmt.Errorf("gateway: tracing: %w", err)
+		}
+		tracer = g.traces.Tracer()
+	}
+	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router, TLS: listenTLS, Tracer: tracer,
 		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
 		EngineBody: g.tokens.engineBody})
 
@@ -431,6 +443,12 @@ func (g *Gateway) Close(ctx context.Context) error {
 	}
 	if g.srv != nil {
 		errs = append(errs, g.srv.Shutdown(ctx))
+	}
+	if g.traces != nil {
+		// The last requests' spans, even when ctx (the drain timeout) is already over.
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, g.traces.Shutdown(tctx))
+		cancel()
 	}
 	if g.cancel != nil {
 		g.cancel()

@@ -88,8 +88,9 @@ func startGatewayLog(t testing.TB, yaml string, logs *logBuffer) *Gateway {
 // recordingProxy is a real HTTP reverse proxy in front of an engine that records the X-Request-Id of every
 // request it forwards.
 type recordingProxy struct {
-	mu  sync.Mutex
-	ids []string
+	mu   sync.Mutex
+	ids  []string
+	hdrs []http.Header
 }
 
 func (p *recordingProxy) start(t *testing.T, target string) string {
@@ -101,6 +102,7 @@ func (p *recordingProxy) start(t *testing.T, target string) string {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			p.mu.Lock()
 			p.ids = append(p.ids, r.Header.Get("X-Request-Id"))
+			p.hdrs = append(p.hdrs, r.Header.Clone())
 			p.mu.Unlock()
 		}
 		rp.ServeHTTP(w, r)

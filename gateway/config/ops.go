@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,23 @@ type Ops struct {
 	// UpstreamTLS verifies https:// engines with ca_file (default: the system's roots) and presents a
 	// client certificate for mutual TLS.
 	UpstreamTLS *ClientTLS `yaml:"upstream_tls,omitempty"`
+	// Tracing, when set, exports OpenTelemetry traces over OTLP/HTTP (off by default).
+	Tracing *Tracing `yaml:"tracing,omitempty"`
+}
+
+// Tracing configures OpenTelemetry traces: a span per generation request with the routing stages, reserve,
+// the engine call and the first byte as child spans and events; W3C traceparent read from clients and sent
+// to engines.
+type Tracing struct {
+	// Endpoint is the collector's OTLP/HTTP traces URL, e.g. http://otel-collector:4318/v1/traces.
+	Endpoint string `yaml:"endpoint"`
+	// SampleRatio is the share of new traces sampled (0 or unset: 1); a client's traceparent sampled flag
+	// is followed.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// ServiceName is the service.name of the spans (default kvgate).
+	ServiceName string `yaml:"service_name"`
+	// BatchTimeout is the longest a finished span waits before it is exported (default 5s).
+	BatchTimeout time.Duration `yaml:"batch_timeout"`
 }
 
 // ListenerTLS names the listener's PEM certificate (chain) and key files.
@@ -75,6 +93,14 @@ func (o *Ops) applyDefaults() {
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
+	if t := o.Tracing; t != nil {
+		if t.SampleRatio == 0 {
+			t.SampleRatio = 1
+		}
+		if t.ServiceName == "" {
+			t.ServiceName = "kvgate"
+		}
+	}
 }
 
 func (o *Ops) validate(bad func(key, format string, a ...any)) {
@@ -91,6 +117,17 @@ func (o *Ops) validate(bad func(key, format string, a ...any)) {
 		bad("tls", "needs cert_file and key_file")
 	}
 	o.UpstreamTLS.validate("upstream_tls", bad)
+	if t := o.Tracing; t != nil {
+		if u, err := url.Parse(t.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("tracing.endpoint", "want an http(s)://host:port/v1/traces URL, got %q", t.Endpoint)
+		}
+		if t.SampleRatio < 0 || t.SampleRatio > 1 {
+			bad("tracing.sample_ratio", "want a share in [0,1], got %v", t.SampleRatio)
+		}
+		if t.BatchTimeout < 0 {
+			bad("tracing.batch_timeout", "must not be negative")
+		}
+	}
 }
 
 // AccessLogSample is the share of successful requests the access log writes: 1 for on (and for a Config

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/tidwall/gjson"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/metrics"
 )
@@ -116,6 +117,9 @@ type reqInfo struct {
 	first, last time.Time
 	events      int
 	use         usage
+	// The request's span and its context (tracing on; nil otherwise).
+	span trace.Span
+	tctx context.Context
 }
 
 // end counts a finished generation request (kvgate_requests_total), observes its latency and usage
@@ -124,6 +128,7 @@ type reqInfo struct {
 func (s *Server) end(ri *reqInfo, status int) {
 	s.count(ri.label, ri.endpoint, status)
 	now := time.Now()
+	defer ri.endTrace(status, now)
 	dur := now.Sub(ri.start)
 	var ttft, itl time.Duration
 	var tokens int64

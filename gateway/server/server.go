@@ -29,6 +29,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tidwall/gjson"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -83,6 +86,8 @@ type Options struct {
 	Admin func(r fiber.Router)
 	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
 	Ready func() map[string]any
+	// Tracer, if set, traces each generation request (gateway/tracing; nil: off).
+	Tracer trace.Tracer
 	// TLS, if set, serves the listener over TLS (gateway/tlsconf: the certificate reloads on change).
 	TLS *tls.Config
 	// EngineBody, if set, builds the body sent to candidate c for plan p from the client's body (the
@@ -435,6 +440,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		start := time.Now()
 		ri := &reqInfo{id: requestID(c), start: start, label: UnknownModel, chat: api == openai.Chat}
 		log := reqLog{s.o.Log, ri.id}
+		s.startTrace(ri, &c.Request().Header, api.Path())
 		body := bytes.Clone(c.Body()) // Fiber reuses its buffers; the stream writer outlives the handler
 		req, err := openai.ParseRequest(api, body)
 		if err != nil {
@@ -475,10 +481,12 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				s.active.Add(-1)
 			}
 		}()
+		planStart := time.Now()
 		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, req, body)
 		if err != nil {
 			return s.fail(c, ri, err)
 		}
+		s.traceStages(ri, plan, planStart)
 		ri.prompt = len(plan.IDs)
 		ri.policy = route.ShortVersion(plan.Info.Policy)
 		hdr := clientHeaders(c)
@@ -503,7 +511,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			return true
 		}
 		for {
+			_, rspan := s.childSpan(ri, "route.reserve")
 			claim, err = s.o.Router.Reserve(ctx, plan, exclude)
+			rspan.End()
 			if err != nil {
 				if ctx.Err() != nil {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
@@ -537,8 +547,19 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				uh.Set(fiber.HeaderAuthorization, "Bearer "+key)
 				drop = false
 			}
+			uctx, uspan := s.childSpan(ri, "upstream", attribute.String("kvgate.endpoint", cand.ID), attribute.Int("kvgate.attempt", ri.retries))
+			if uctx != nil {
+				uh = uh.Clone()
+				injectTrace(uctx, uh) // the engine's span is a child of this one
+			}
 			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: uh,
 				DropAuth: drop, Stream: req.Stream})
+			if err != nil {
+				uspan.SetStatus(codes.Error, err.Error())
+			} else {
+				uspan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+			}
+			uspan.End()
 			if err == nil {
 				if resp.StatusCode >= 500 {
 					s.outlierFailure(sm.Model, cand.EngineID())
