@@ -7,7 +7,13 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: run run-dialects test test-unit test-race lint bench bench-redis models policies goldens tidy
+.PHONY: build run run-dialects test test-unit test-race lint bench bench-redis models policies goldens tidy
+
+## build: bin/kvgate, stamped with its version and commit (`bin/kvgate --version`).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/kvgate ./cmd/kvgate
 
 ## run: one gateway on :8080, memory store, four in-process simulated engines, Qwen3 demo tokenizer.
 run:

@@ -360,14 +360,14 @@ func (s *endpointSync) publishRoutesLocked() {
 
 // startIngestLocked starts r's KV-event ingestion (under the store lease), if it has kv_events.
 func (s *endpointSync) startIngestLocked(r *runEP) {
-	if r.ep.KVEvents == "" || s.g.runCtx == nil {
+	if r.ep.KVEvents == "" || s.g.ingCtx == nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(s.g.runCtx)
+	ctx, cancel := context.WithCancel(s.g.ingCtx) // drain's handOverIngestion ends it too
 	done := make(chan struct{})
 	r.stop, r.ingested = cancel, done
 	m, e := r.model, r.ep
-	s.g.wg.Go(func() {
+	s.g.ingWG.Go(func() {
 		defer close(done)
 		s.g.runIngestion(ctx, m, e)
 	})

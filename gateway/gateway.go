@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,12 +16,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
 	"github.com/kvgate/kvgate/gateway/metrics"
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/gateway/server"
+	"github.com/kvgate/kvgate/gateway/tlsconf"
+	"github.com/kvgate/kvgate/gateway/tracing"
 	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
@@ -90,9 +94,16 @@ type Gateway struct {
 	// runCtx lives until Close (run-time endpoints' ingestion runs under it).
 	runCtx context.Context
 
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closing atomic.Bool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// traces is the OpenTelemetry tracer provider (nil: tracing off).
+	traces *tracing.Provider
+	// ingCtx is the parent of every ingester's context; ingCancel stops event ingestion alone (drain hands
+	// the ingestion leases over); ingWG waits for it.
+	ingCtx    context.Context
+	ingCancel context.CancelFunc
+	ingWG     sync.WaitGroup
+	closing   atomic.Bool
 	// stopped receives one error if the server stopped serving while the gateway was not being closed.
 	stopped chan error
 	mln     net.Listener // metrics_listen, nil when unset
@@ -124,8 +135,16 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	// Store.
 	// A Redis that does not answer at start does not stop the gateway: it serves the config's policy on
 	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
+	var storeTLS *tls.Config
+	if t := cfg.Store.TLS; t != nil {
+		var err error
+		if storeTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
+			return nil, fmt.Errorf("gateway: store.tls: %w", err)
+		}
+	}
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
-		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Password: o.Secrets.StorePassword, AllowUnreachable: true,
+		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
+		TLS: storeTLS, AllowUnreachable: true,
 		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
@@ -189,9 +208,15 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 
 	// Endpoints and models.
+	var upTLS *tls.Config
+	if t := cfg.UpstreamTLS; t != nil {
+		if upTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
+			return nil, fmt.Errorf("gateway: upstream_tls: %w", err)
+		}
+	}
 	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
 		FirstByteTimeout: cfg.UpstreamFirstByteTimeout, TotalTimeout: cfg.UpstreamTotalTimeout,
-		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies})
+		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies, TLS: upTLS})
 	g.upHTTP = up.HTTP()
 	encoders := map[string]route.Encoder{}
 	var all []endpoints.Endpoint
@@ -249,6 +274,8 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	cc()
 
 	// Event ingestion: one gateway at a time per endpoint, under a store lease.
+	ingCtx, ingCancel := context.WithCancel(runCtx)
+	g.ingCtx, g.ingCancel = ingCtx, ingCancel
 	for _, m := range cfg.Models {
 		for _, e := range m.Endpoints {
 			if e.KVEvents == "" {
@@ -302,7 +329,23 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
 		Metrics: g.metrics, Log: log, HitTTL: cfg.IndexUnconfirmedTTL})
 
-	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router,
+	var listenTLS *tls.Config
+	if cfg.TLS != nil {
+		ts, err := tlsconf.NewServer(cfg.TLS.CertFile, cfg.TLS.KeyFile, log)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: tls: %w", err)
+		}
+		listenTLS = ts.Config()
+	}
+	var tracer trace.Tracer
+	if t := cfg.Tracing; t != nil {
+		if g.traces, err = tracing.New(ctx, tracing.Options{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio,
+			ServiceName: t.ServiceName, BatchTimeout: t.BatchTimeout}); err != nil {
+			return nil, fmt.Errorf("gateway: tracing: %w", err)
+		}
+		tracer = g.traces.Tracer()
+	}
+	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router, TLS: listenTLS, Tracer: tracer,
 		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
 		EngineBody: g.tokens.engineBody, Store: g.guard.Status})
 
@@ -441,10 +484,17 @@ func (g *Gateway) Close(ctx context.Context) error {
 	if g.srv != nil {
 		errs = append(errs, g.srv.Shutdown(ctx))
 	}
+	if g.traces != nil {
+		// The last requests' spans, even when ctx (the drain timeout) is already over.
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, g.traces.Shutdown(tctx))
+		cancel()
+	}
 	if g.cancel != nil {
 		g.cancel()
 	}
-	g.wg.Wait() // ingesters close and release their leases as runIngestion returns
+	g.wg.Wait()
+	g.ingWG.Wait() // ingesters close and release their leases as runIngestion returns
 	if g.guard != nil {
 		g.guard.Close()
 	}

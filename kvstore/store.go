@@ -2,6 +2,7 @@ package kvstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -20,6 +21,8 @@ type StoreConfig struct {
 	// Username, Password and DB are passed to the Redis client (DB must be 0 with Cluster).
 	Username, Password string
 	DB                 int
+	// TLS, when set, connects to Redis over TLS.
+	TLS *tls.Config
 	// Prefix is RedisConfig.Prefix.
 	Prefix string
 	// MaxKeys bounds the memory index (MemoryConfig.MaxKeys).
@@ -93,13 +96,13 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	var c redis.UniversalClient
 	if cfg.Cluster {
 		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password,
-			ContextTimeoutEnabled: true})
+			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true})
 	} else {
 		if len(cfg.Addrs) != 1 {
 			return nil, fmt.Errorf("kvstore: %d redis addrs without cluster: %w", len(cfg.Addrs), ErrInvalidArgument)
 		}
 		c = redis.NewClient(&redis.Options{Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, DB: cfg.DB,
-			ContextTimeoutEnabled: true, OnConnect: ep.checkConn})
+			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true, OnConnect: ep.checkConn})
 	}
 	ep.c = c
 	ClassifyRedisErrors(c)

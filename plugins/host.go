@@ -261,7 +261,7 @@ func New(ctx context.Context, opts Options) (*Host, error) {
 	}
 	h.builtin, h.builtinVer = a, ver.v
 	h.log.LogAttrs(ctx, slog.LevelInfo, "policy host started", slog.String(attrPolicy, string(ver.v)),
-		slog.Int("pool_size", opts.PoolSize), slog.Duration("call_timeout", opts.CallTimeout))
+		slog.Int("pool_size", opts.PoolSize), slog.Float64("call_timeout_seconds", opts.CallTimeout.Seconds()))
 	return h, nil
 }
 
@@ -339,7 +339,7 @@ func (h *Host) load(ctx context.Context, name string, wasm []byte, trusted bool)
 	}
 	h.versions[v] = ver
 	h.log.LogAttrs(ctx, slog.LevelInfo, "policy loaded", slog.String(attrPolicy, string(v)),
-		slog.Int("size_bytes", len(wasm)), slog.Duration("compile", rep.CompileTime))
+		slog.Int("size_bytes", len(wasm)), slog.Float64("compile_seconds", rep.CompileTime.Seconds()))
 	return ver, rep, nil
 }
 

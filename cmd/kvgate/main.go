@@ -15,7 +15,9 @@ func main() {
 		Short:         "KV-cache-aware, OpenAI-compatible LLM serving gateway",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionText(),
 	}
+	root.SetVersionTemplate("{{.Version}}")
 	// Each sub-command lives in its own file of this package.
 	root.AddCommand(subcommands()...)
 	if err := root.Execute(); err != nil {

@@ -52,6 +52,14 @@ func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
 	r.l.WarnContext(ctx, "redis client", slog.String("detail", fmt.Sprintf(format, v...)))
 }
 
+// secondsAttr writes every duration attribute in seconds (a float), never slog's default nanoseconds.
+func secondsAttr(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.Float64Value(a.Value.Duration().Seconds())
+	}
+	return a
+}
+
 func logLevel(s string) slog.Level {
 	switch s {
 	case "debug":
@@ -72,7 +80,7 @@ func serve(ctx context.Context, cfgPath string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel), ReplaceAttr: secondsAttr}))
 	slog.SetDefault(log)
 	redis.SetLogger(redisLog{log})
 
@@ -130,14 +138,19 @@ func serve(ctx context.Context, cfgPath string, out io.Writer) error {
 	var stopped error
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down")
+		// SIGTERM/SIGINT: drain (README "Operations"). stop() restores the signals' default action, so a
+		// second signal ends the process at once.
+		stop()
+		if err := g.Drain(context.Background(), cfg.Grace(), cfg.Drain()); err != nil &&
+			!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return nil
 	case stopped = <-g.Stopped(): // logged by the gateway; exit non-zero so that a supervisor restarts us
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Drain())
 	defer cancel()
-	if err := g.Close(sctx); err != nil && !errors.Is(err, context.Canceled) && stopped == nil {
-		return err
-	}
+	g.Close(sctx)
 	return stopped
 }
 

@@ -25,7 +25,7 @@ func TestServeAndPolicyCommands(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.yaml")
 	abs, _ := filepath.Abs("../../examples/models/qwen3")
-	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nadmin_token_env: KVGATE_TEST_ADMIN\nmodels:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
+	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nshutdown_grace: 0s\nadmin_token_env: KVGATE_TEST_ADMIN\nmodels:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
 	t.Setenv("KVGATE_TEST_ADMIN", "s3cret")
 	pr, pw := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())

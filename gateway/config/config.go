@@ -188,6 +188,8 @@ type Config struct {
 	FrontDoor `yaml:",inline"`
 	// RunTimeEndpoints holds the keys of endpoints at run time (endpoints.go).
 	RunTimeEndpoints `yaml:",inline"`
+	// Ops holds the access-log, drain, TLS and tracing keys (ops.go).
+	Ops `yaml:",inline"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -202,6 +204,11 @@ type Store struct {
 	DB int `yaml:"db"`
 	// PasswordEnv names the environment variable holding the Redis password, if any.
 	PasswordEnv string `yaml:"password_env"`
+	// Username is the Redis ACL user (Redis 6+; empty: the default user).
+	Username string `yaml:"username"`
+	// TLS, when set, connects to Redis over TLS (redis-server --tls-port), verified with ca_file and
+	// presenting cert_file/key_file when Redis asks for client certificates (tls-auth-clients).
+	TLS *ClientTLS `yaml:"tls"`
 }
 
 // Model is one served model.
@@ -278,6 +285,9 @@ type Endpoint struct {
 	// endpoint's limits, and its own load from the engine's engine="<r>" metric series (vLLM; without them
 	// a 1/N share of the scraped load); the request carries X-data-parallel-rank: <r>.
 	DataParallelSize int `yaml:"data_parallel_size"`
+	// APIKeyEnv names an environment variable holding the engine's API key (vLLM --api-key): requests to
+	// this endpoint carry "Authorization: Bearer <key>" instead of anything the client sent.
+	APIKeyEnv string `yaml:"api_key_env"`
 }
 
 // IndexPerEndpointCap returns the per-endpoint index bound the store gets: index_max_entries_per_endpoint
@@ -451,6 +461,7 @@ func (c *Config) applyDefaults() {
 	}
 	c.FrontDoor.applyDefaults()
 	c.RunTimeEndpoints.applyDefaults()
+	c.Ops.applyDefaults()
 	if c.Simulate != nil {
 		if c.Simulate.MaxInflightRequests == 0 {
 			c.Simulate.MaxInflightRequests = 64
@@ -503,6 +514,7 @@ func (c *Config) Validate() error {
 		if c.Store.Cluster && c.Store.DB != 0 {
 			bad("store.db", "Redis Cluster has only database 0")
 		}
+		c.Store.TLS.validate("store.tls", bad)
 	default:
 		bad("store.kind", "want memory or redis, got %q", c.Store.Kind)
 	}
@@ -540,6 +552,7 @@ func (c *Config) Validate() error {
 		bad("default_output_tokens", "must not be negative")
 	}
 	c.FrontDoor.validate(bad)
+	c.Ops.validate(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -633,6 +646,8 @@ type Secrets struct {
 	StorePassword string
 	// MetricsToken is the bearer token for /metrics on listen (metrics_token_env), if any.
 	MetricsToken string
+	// EndpointKeys are the engines' API keys by endpoint ID (endpoints[].api_key_env; set and non-empty).
+	EndpointKeys map[string]string
 }
 
 // Secrets reads the environment variables named by c using getenv (os.Getenv in production).
@@ -650,6 +665,19 @@ func (c *Config) Secrets(getenv func(string) string) Secrets {
 	}
 	if c.MetricsTokenEnv != "" {
 		s.MetricsToken = strings.TrimSpace(getenv(c.MetricsTokenEnv))
+	}
+	for _, m := range c.Models {
+		for _, e := range m.Endpoints {
+			if e.APIKeyEnv == "" {
+				continue
+			}
+			if k := strings.TrimSpace(getenv(e.APIKeyEnv)); k != "" {
+				if s.EndpointKeys == nil {
+					s.EndpointKeys = map[string]string{}
+				}
+				s.EndpointKeys[e.ID] = k
+			}
+		}
 	}
 	return s
 }

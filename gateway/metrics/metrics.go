@@ -61,6 +61,8 @@ type Metrics struct {
 	LoadOnlyRoutes *prometheus.CounterVec
 	// Front holds the front-door collectors (connections, timeouts, ejections; frontdoor.go).
 	Front *FrontDoor
+	// Req holds the request latency histograms and the engines' token usage (requests.go).
+	Req *RequestMetrics
 }
 
 // New creates the collectors and registers them, plus the Go and process collectors, on a new registry.
@@ -109,6 +111,7 @@ func New() *Metrics {
 		m.EndpointKVCacheUsage, m.EndpointHealthy, m.StoreDown, m.StoreErrors, m.LoadOnlyRoutes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Front = newFrontDoor(r)
+	m.Req = newRequestMetrics(r)
 	return m
 }
 
@@ -130,5 +133,6 @@ func (m *Metrics) InitModel(model string, endpoints, reasons []string) {
 	for _, e := range endpoints {
 		m.UpstreamRetries.WithLabelValues(e)
 		m.InFlight.WithLabelValues(e)
+		m.Req.Endpoint(model, e)
 	}
 }

@@ -48,9 +48,13 @@ func tokenOK(got, want string) bool {
 // The same decision (refusal) already ran on the headers before the body was read (headerReceived).
 func (s *Server) auth(c *fiber.Ctx) error {
 	s.refused.del(&c.Request().Header)
+	requestID(c) // every answer carries X-Request-Id
+	if s.draining.Load() {
+		c.Context().SetConnectionClose()
+	}
 	if e, gen := s.refusal(&c.Request().Header); e != nil {
 		if gen {
-			s.count(UnknownModel, "", e.Status) // the body is not read for a refused client
+			s.endRefused(c, e.Status) // the body is not read for a refused client
 		}
 		if e.Status == fiber.StatusBadRequest {
 			c.Context().SetConnectionClose()

@@ -62,7 +62,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			l.mu.Unlock()
 			if logIt {
 				l.log.Error("accept failed; backing off and accepting again", slog.String("error", err.Error()),
-					slog.Duration("backoff", backoff), slog.Bool("fd_limit", errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)))
+					slog.Float64("backoff_seconds", backoff.Seconds()), slog.Bool("fd_limit", errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)))
 			}
 			time.Sleep(backoff)
 			backoff = min(backoff*2, acceptBackoffMax)

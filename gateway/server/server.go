@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -27,6 +29,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tidwall/gjson"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/endpoints"
@@ -82,6 +87,10 @@ type Options struct {
 	Admin func(r fiber.Router)
 	// Ready adds details to /readyz (e.g. event ingestion stats); may be nil.
 	Ready func() map[string]any
+	// Tracer, if set, traces each generation request (gateway/tracing; nil: off).
+	Tracer trace.Tracer
+	// TLS, if set, serves the listener over TLS (gateway/tlsconf: the certificate reloads on change).
+	TLS *tls.Config
 	// EngineBody, if set, builds the body sent to candidate c for plan p of req from the client's body (the
 	// gateway's chat token IDs and drift guard); nil: upstream.Body by engine kind.
 	EngineBody func(req *openai.Request, p *route.Plan, c route.Candidate, body []byte) ([]byte, error)
@@ -148,6 +157,13 @@ type Server struct {
 	refused refusedSet
 	// outl counts consecutive endpoint failures (passive outlier ejection).
 	outl outliers
+	// perEndpoint caches the request metrics' children by [model, endpoint]; logShare is the access log's
+	// share of successful requests (0: off).
+	perEndpoint sync.Map
+	logShare    float64
+	// draining is set by SetDraining (shutdown); active counts the generation requests not yet ended.
+	draining atomic.Bool
+	active   atomic.Int64
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -159,7 +175,8 @@ type requestKey struct {
 // New builds the Fiber app.
 func New(o Options) *Server {
 	base, stop := context.WithCancel(context.Background())
-	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop, retries: newRetryBudget(o.Config.RetryBudget)}
+	s := &Server{o: o, secrets: o.Secrets, base: base, stop: stop, retries: newRetryBudget(o.Config.RetryBudget),
+		logShare: o.Config.AccessLogSample()}
 	for _, p := range o.Config.TrustedProxies {
 		if pr, err := config.ParseTrustedProxy(p); err == nil { // validated by config
 			s.trusted = append(s.trusted, pr)
@@ -208,7 +225,12 @@ func (s *Server) App() *fiber.App { return s.app }
 // only after Shutdown or when ln is closed.
 func (s *Server) Serve(ln net.Listener) error {
 	cfg := s.o.Config
-	return s.app.Listener(newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log))
+	var l net.Listener = newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log)
+	if s.o.TLS != nil {
+		// The handshake runs on the connection's first read, inside client_header_timeout.
+		l = tls.NewListener(l, s.o.TLS)
+	}
+	return s.app.Listener(l)
 }
 
 // MetricsHandler serves /metrics for a separate listener (metrics_listen).
@@ -224,11 +246,31 @@ func (s *Server) MetricsHandler() http.Handler {
 	})
 }
 
-// Shutdown stops accepting, cancels in-flight upstream requests (their leases are released) and waits up to
-// ctx for handlers to end.
+// SetDraining starts a drain: /readyz answers 503 {"ready":false,"draining":true} from now on, and every
+// response closes its connection (keep-alive clients reconnect, through their load balancer, elsewhere).
+// The server goes on serving until Shutdown.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// Draining says whether SetDraining was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// Active returns the generation requests (streams included) that have not ended.
+func (s *Server) Active() int64 { return s.active.Load() }
+
+// cancelledGrace bounds the wait for cancelled requests to end (and release their leases) after Shutdown's
+// ctx ended.
+const cancelledGrace = 3 * time.Second
+
+// Shutdown stops accepting and waits up to ctx for in-flight requests (streams included) to end; then it
+// cancels the rest (their engine requests are cancelled) and waits up to cancelledGrace more for them to
+// end, so that their leases are released before the caller closes the store.
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.app.ShutdownWithContext(ctx)
 	s.stop()
+	deadline := time.Now().Add(cancelledGrace)
+	for s.active.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	return err
 }
 
@@ -242,19 +284,20 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	if errors.As(err, &oe) {
 		return sendError(c, oe)
 	}
+	requestID(c)
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
 		// A request refused on its headers had a one-byte body limit (headerReceived): answer the refusal,
 		// not the 413 (or the timeout). fasthttp closes the connection after this answer.
 		if r, ok := s.refused.take(&c.Request().Header); ok {
 			if r.generate {
-				s.count(UnknownModel, "", r.e.Status)
+				s.endRefused(c, r.e.Status)
 			}
 			return sendError(c, r.e)
 		}
 		if fe.Code == fiber.StatusRequestEntityTooLarge {
 			if norm, ok := NormalizePath(string(c.Request().URI().PathOriginal())); ok && isGeneratePath(norm) {
-				s.count(UnknownModel, "", fe.Code) // the body was never read: its model is unknown
+				s.endRefused(c, fe.Code) // the body was never read: its model is unknown
 			}
 			return sendError(c, openai.TooLarge(s.o.Config.MaxBodyBytes))
 		}
@@ -264,7 +307,7 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 		}
 		return sendError(c, openai.Errorf(fe.Code, typ, "", "", "%s", fe.Message))
 	}
-	s.o.Log.Error("handler error", slog.String("error", err.Error()), slog.String("path", c.Path()))
+	s.o.Log.Error("handler error", slog.String("request_id", requestID(c)), slog.String("error", err.Error()), slog.String("path", c.Path()))
 	return sendError(c, openai.Errorf(500, "server_error", "", "", "internal error"))
 }
 
@@ -326,6 +369,10 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		Error        string     `json:"error,omitempty"`
 		Ejected      bool       `json:"ejected,omitempty"`
 		EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	}
+	if s.draining.Load() {
+		c.Context().SetConnectionClose()
+		return c.Status(fiber.StatusServiceUnavailable).JSON(fiber.Map{"ready": false, "draining": true})
 	}
 	ready := true
 	models := map[string]map[string]epState{}
@@ -428,32 +475,39 @@ func clientHeaders(c *fiber.Ctx) http.Header {
 }
 
 var skipRespHeader = map[string]bool{"Content-Length": true, "Transfer-Encoding": true, "Connection": true,
-	"Keep-Alive": true, "Date": true, "Server": true}
+	"Keep-Alive": true, "Date": true, "Server": true, HeaderRequestID: true}
 
 // generate serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) generate(api openai.API) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
+		ri := &reqInfo{id: requestID(c), start: start, label: UnknownModel, chat: api == openai.Chat}
+		log := reqLog{s.o.Log, ri.id}
+		s.startTrace(ri, &c.Request().Header, api.Path())
 		body := bytes.Clone(c.Body()) // Fiber reuses its buffers; the stream writer outlives the handler
 		req, err := openai.ParseRequest(api, body)
 		if err != nil {
-			s.count(s.modelLabel(gjson.GetBytes(body, "model").Str), "", http.StatusBadRequest)
+			ri.model = clip(gjson.GetBytes(body, "model").Str)
+			ri.label = s.modelLabel(ri.model)
+			s.end(ri, http.StatusBadRequest)
 			return err
 		}
+		ri.model, ri.stream = clip(req.Model), req.Stream
 		sm, ok := s.o.Models[req.Model]
 		if !ok {
-			s.count(UnknownModel, "", http.StatusNotFound)
+			s.end(ri, http.StatusNotFound)
 			return openai.ModelNotFound(req.Model)
 		}
+		ri.label = sm.Model.Name
 		if req.Prompts > s.o.Config.MaxBatchPrompts {
-			s.count(sm.Model.Name, "", http.StatusBadRequest)
+			s.end(ri, http.StatusBadRequest)
 			return openai.Errorf(http.StatusBadRequest, "invalid_request_error", "prompt", "batch_too_large",
 				"The batch has %d prompts; at most %d (max_batch_prompts) are accepted.", req.Prompts, s.o.Config.MaxBatchPrompts)
 		}
 		// Behind a trusted proxy, max_connections_per_ip caps concurrent requests per forwarded client.
 		relClient, okClient := s.clients.acquire(c)
 		if !okClient {
-			s.count(sm.Model.Name, "", http.StatusTooManyRequests)
+			s.end(ri, http.StatusTooManyRequests)
 			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
 			return sendError(c, openai.Errorf(http.StatusTooManyRequests, "rate_limit_error", "", "too_many_requests",
 				"Too many concurrent requests from this client (max_connections_per_ip)."))
@@ -461,19 +515,25 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		ctx, cancel := context.WithCancel(s.base)
 		stopWatch := watch(c.Context().Conn(), cancel)
 		finished := false
+		s.active.Add(1)
 		defer func() {
 			if !finished { // not handed to a stream writer
 				stopWatch()
 				cancel()
 				relClient()
+				s.active.Add(-1)
 			}
 		}()
-		log := s.o.Log
+		planStart := time.Now()
 		plan, err := s.o.Router.Plan(ctx, sm.Model, sm.LoRA, RouteRequest(req), body)
 		if err != nil {
-			return s.fail(c, req, "", err)
+			return s.fail(c, ri, err)
 		}
+		s.traceStages(ri, plan, planStart)
+		ri.prompt = len(plan.IDs)
+		ri.policy = route.ShortVersion(plan.Info.Policy)
 		hdr := clientHeaders(c)
+		hdr.Set(HeaderRequestID, ri.id)
 		dropAuth := len(s.secrets.ClientAPIKeys) > 0
 		exclude := map[int]bool{}
 		var resp *http.Response
@@ -494,14 +554,16 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			return true
 		}
 		for {
+			_, rspan := s.childSpan(ri, "route.reserve")
 			claim, err = s.o.Router.Reserve(ctx, plan, exclude)
+			rspan.End()
 			if err != nil {
 				if ctx.Err() != nil {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
-					s.count(sm.Model.Name, "", StatusClientClosed)
+					s.end(ri, StatusClientClosed)
 					return nil
 				}
-				return s.fail(c, req, "", err)
+				return s.fail(c, ri, err)
 			}
 			if len(exclude) == 0 {
 				s.o.Router.Record(ctx, plan, claim)
@@ -517,11 +579,30 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if berr != nil {
 				s.o.Router.Release(claim)
 				log.Warn("cannot build the engine request body", slog.String("endpoint_id", cand.ID), slog.String("error", berr.Error()))
-				return s.fail(c, req, cand.ID, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
+				ri.endpoint = cand.ID
+				return s.fail(c, ri, openai.BadRequest("prompt", "The prompt could not be forwarded with its token IDs."))
 			}
 			s.total.Observe(time.Since(start).Seconds())
-			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: upstream.WithRank(hdr, cand.DataParallelRank()),
-				DropAuth: dropAuth, Stream: req.Stream})
+			uh, drop := upstream.WithRank(hdr, cand.DataParallelRank()), dropAuth
+			if key, ok := s.secrets.EndpointKeys[cand.EngineID()]; ok {
+				// The engine's own API key (api_key_env) replaces whatever the client sent.
+				uh = uh.Clone()
+				uh.Set(fiber.HeaderAuthorization, "Bearer "+key)
+				drop = false
+			}
+			uctx, uspan := s.childSpan(ri, "upstream", attribute.String("kvgate.endpoint", cand.ID), attribute.Int("kvgate.attempt", ri.retries))
+			if uctx != nil {
+				uh = uh.Clone()
+				injectTrace(uctx, uh) // the engine's span is a child of this one
+			}
+			resp, err = s.o.Upstream.Do(ctx, upstream.Request{BaseURL: cand.URL, Path: api.Path(), Body: out, Header: uh,
+				DropAuth: drop, Stream: req.Stream})
+			if err != nil {
+				uspan.SetStatus(codes.Error, err.Error())
+			} else {
+				uspan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+			}
+			uspan.End()
 			if err == nil {
 				if resp.StatusCode >= 500 {
 					s.outlierFailure(sm.Model, cand.EngineID())
@@ -547,12 +628,14 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				resp.Body.Close()
 				s.o.Router.Release(claim)
 				s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+				ri.retries++
 				continue
 			}
 			s.o.Router.Release(claim)
+			ri.endpoint = cand.ID
 			if ctx.Err() != nil {
 				s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
-				s.count(sm.Model.Name, cand.ID, StatusClientClosed)
+				s.end(ri, StatusClientClosed)
 				return nil
 			}
 			var ue *upstream.Error
@@ -567,9 +650,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				log.Warn("upstream failed after the request was sent; not retried", slog.String("endpoint_id", cand.ID),
 					slog.String("error", err.Error()))
 				if ue != nil && ue.Timeout != nil {
-					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+					return s.fail(c, ri, upstreamTimeout(req.Model))
 				}
-				return s.fail(c, req, cand.ID, openai.Upstream("The engine failed before responding."))
+				return s.fail(c, ri, openai.Upstream("The engine failed before responding."))
 			}
 			log.Warn("upstream failed before the request was sent", slog.String("endpoint_id", cand.ID), slog.String("error", err.Error()))
 			s.o.Endpoints.MarkDown(cand.EngineID(), err.Error())
@@ -581,13 +664,16 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			if !cfg.RetryOnConnect() || !retry(claim.Index) {
 				// The details (engine URLs, socket errors) are in the log above, not for the client.
 				if ue != nil && ue.Timeout != nil {
-					return s.fail(c, req, cand.ID, upstreamTimeout(req.Model))
+					return s.fail(c, ri, upstreamTimeout(req.Model))
 				}
-				return s.fail(c, req, cand.ID, openai.Upstream(fmt.Sprintf("Every endpoint tried for `%s` failed before responding.", req.Model)))
+				return s.fail(c, ri, openai.Upstream(fmt.Sprintf("Every endpoint tried for `%s` failed before responding.", req.Model)))
 			}
 			s.o.Metrics.UpstreamRetries.WithLabelValues(cand.ID).Inc()
+			ri.retries++
+			ri.endpoint = ""
 		}
 		epID := plan.Candidates[claim.Index].ID
+		ri.endpoint = epID
 		// Renew the lease while the response runs.
 		stopRenew := every(max(s.o.Router.LeaseTTL()/3, 100*time.Millisecond), func() bool {
 			if err := s.o.Router.Renew(ctx, claim); err != nil && ctx.Err() == nil {
@@ -608,14 +694,12 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				if disconnected {
 					status = StatusClientClosed
 				}
-				s.count(sm.Model.Name, epID, status)
+				s.end(ri, status)
 				if disconnected {
 					s.o.Metrics.ClientDisconnects.WithLabelValues(sm.Model.Name, strconv.FormatBool(req.Stream)).Inc()
 				}
-				if log.Enabled(ctx, slog.LevelDebug) {
-					log.LogAttrs(context.Background(), slog.LevelDebug, "request done", slog.String("model", req.Model),
-						slog.String("endpoint_id", epID), slog.Int("status", status), slog.Bool("stream", req.Stream),
-						slog.Int("prompt_tokens", len(plan.IDs)), slog.Duration("duration", time.Since(start)))
+				if finished {
+					s.active.Add(-1) // a stream ends here; else the handler's deferred call counts it
 				}
 			})
 		}
@@ -656,6 +740,9 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 				log.Warn("engine response failed", slog.String("endpoint_id", epID), slog.String("error", rerr.Error()))
 				return sendError(c, e)
 			}
+			if resp.StatusCode < 300 {
+				ri.use = parseUsage(gjson.GetBytes(b, "usage"))
+			}
 			finish(resp.StatusCode, false)
 			return c.Send(b)
 		}
@@ -668,6 +755,13 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 			buf := make([]byte, 32<<10)
 			var sc streamScan
+			var tail streamTail
+			// atEnd takes the stream's usage before the request ends.
+			atEnd := func() {
+				if validate {
+					ri.use = tail.usage()
+				}
+			}
 			// endWithError ends a stream that failed or ended unfinished with one error event (none when
 			// the engine already sent one) and counts it as an upstream failure.
 			endWithError := func(msg string) {
@@ -687,6 +781,12 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 			for {
 				n, rerr := resp.Body.Read(buf)
 				if n > 0 {
+					ri.last = time.Now()
+					if ri.first.IsZero() {
+						ri.first = ri.last
+					}
+					ri.events += tokenEvents(buf[:n])
+					tail.add(buf[:n])
 					sc.scan(buf[:n])
 					// A client that accepts nothing for client_write_timeout is disconnected: the write
 					// fails, the engine request is cancelled and the lease released.
@@ -703,6 +803,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 					}
 				}
 				if rerr == io.EOF {
+					atEnd()
 					switch {
 					case !validate:
 						finish(resp.StatusCode, false)
@@ -728,6 +829,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 						s.o.Metrics.Front.UpstreamTimeouts.WithLabelValues(epID, timeoutKind(to)).Inc()
 					}
 					if sc.finished() && !sc.sawError {
+						atEnd()
 						finish(resp.StatusCode, false) // everything was delivered; only the close was unclean
 						return
 					}
@@ -740,16 +842,24 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 	}
 }
 
-// fail answers err (an *openai.Error, a router error: RouteError, or a wrapped one) and counts it.
-func (s *Server) fail(c *fiber.Ctx, req *openai.Request, ep string, err error) error {
-	oe := RouteError(req.Model, err)
-	s.count(s.modelLabel(req.Model), ep, oe.Status)
+// fail answers err (an *openai.Error, a router error: RouteError, or a wrapped one) and ends the request.
+func (s *Server) fail(c *fiber.Ctx, ri *reqInfo, err error) error {
+	oe := RouteError(ri.model, err)
+	s.end(ri, oe.Status)
 	if oe.Status == http.StatusTooManyRequests || oe.Status == http.StatusServiceUnavailable {
 		// Every endpoint stayed full for the queue timeout, or none is healthy: a client (the OpenAI SDKs
 		// honour it) should wait before retrying rather than retry at once.
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(RetryAfterSeconds))
 	}
 	return sendError(c, oe)
+}
+
+// clip bounds a client's string written to a log line.
+func clip(s string) string {
+	if len(s) > 256 {
+		return s[:256]
+	}
+	return s
 }
 
 // modelLabel returns the model label for a client-facing model name: the served base model's name (a LoRA

@@ -9,6 +9,7 @@ package upstream
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -80,6 +81,8 @@ type Options struct {
 	IdleTimeout time.Duration
 	// ForwardCookies keeps the client's Cookie header (dropped by default).
 	ForwardCookies bool
+	// TLS verifies https:// engines (and presents a client certificate); nil: Go's defaults.
+	TLS *tls.Config
 }
 
 // New returns a Client whose response bodies fail when the engine sends nothing for idle (0: never), with
@@ -100,6 +103,7 @@ func NewWithOptions(o Options) *Client {
 		ForceAttemptHTTP2:   false,
 		WriteBufferSize:     64 << 10,
 		ReadBufferSize:      32 << 10,
+		TLSClientConfig:     o.TLS,
 	}
 	return &Client{hc: &http.Client{Transport: tr}, o: o}
 }

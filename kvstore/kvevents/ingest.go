@@ -701,7 +701,7 @@ func (in *Ingester) replay(ctx context.Context, from, upto uint64, catchUp bool)
 	defer d.Close()
 	fail := func(err error) {
 		in.log.WarnContext(ctx, "kv events replay failed", slog.String("addr", in.cfg.ReplayAddr), slog.Any("err", err),
-			slog.Duration("timeout", timeout))
+			slog.Float64("timeout_seconds", timeout.Seconds()))
 	}
 	if err := d.Dial(in.cfg.ReplayAddr); err != nil {
 		fail(err)

@@ -178,7 +178,7 @@ func (e *Engine) preamble(w http.ResponseWriter, r *http.Request, c *commonReque
 	f := e.faults.draw()
 	if f.stall > 0 {
 		e.m.faults.WithLabelValues("stall").Inc()
-		e.log.InfoContext(r.Context(), "fault: stalling before headers", slog.Duration("stall", f.stall))
+		e.log.InfoContext(r.Context(), "fault: stalling before headers", slog.Float64("stall_seconds", f.stall.Seconds()))
 		t := time.NewTimer(f.stall)
 		select {
 		case <-t.C:
