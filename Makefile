@@ -7,7 +7,7 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: run run-dialects test test-unit test-race lint bench models policies goldens tidy
+.PHONY: run run-dialects test test-unit test-race lint bench models node-deps policies goldens tidy
 
 ## run: one gateway on :8080, memory store, four in-process simulated engines, Qwen3 demo tokenizer.
 run:
@@ -21,8 +21,14 @@ run-dialects:
 models:
 	@sh .ci/fetch_models.sh .cache/models
 
+## node-deps: Node's official openai package for tests/e2e (TestOpenAISurfaceNode), from
+## tests/e2e/node/package-lock.json into tests/e2e/node/node_modules (skipped when already installed).
+node-deps:
+	@cd tests/e2e/node && if [ ! -f node_modules/openai/package.json ] || ! grep -q '"version": "6.30.1"' node_modules/openai/package.json; then \
+		npm ci --silent --no-audit --no-fund; fi
+
 ## test: everything CI runs (vet, unit, race, end-to-end). Needs redis-server and node on PATH.
-test: models lint test-unit test-race
+test: models node-deps lint test-unit test-race
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -12,6 +12,10 @@ import (
 // chatError turns an Encoder.EncodeChat error into the client's 400, worded for the client: without the
 // gateway's package prefixes ("chattemplate: request: ..."), with the offending JSON path as param when the
 // request was malformed, and a template's own raise_exception text as vLLM returns it.
+// ChatError is the 400 a chat render or tokenization error is answered with (the server's /tokenize uses
+// it too).
+func ChatError(err error) *openai.Error { return chatError(err) }
+
 func chatError(err error) *openai.Error {
 	if re, ok := errors.AsType[*chattemplate.RequestError](err); ok {
 		if re.Path == "" {
@@ -52,8 +56,11 @@ func promptTooLong(m *Model, req *openai.Request, n int) *openai.Error {
 		return nil
 	}
 	param := "messages"
-	if req.API == openai.Completions {
+	switch req.API {
+	case openai.Completions:
 		param = "prompt"
+	case openai.Responses:
+		param = "input"
 	}
 	return openai.Errorf(400, "invalid_request_error", param, "prompt_too_long",
 		"This model's maximum prompt length is %d tokens; the prompt has %d tokens.", m.MaxPromptTokens, n)

@@ -375,6 +375,20 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req *openai.Re
 	}
 	// 1. tokenize
 	switch {
+	case req.LoadOnlyReason != "":
+		// Not tokenized (embeddings, a Responses request mapping onto no chat): no keys, routed on load.
+	case req.API == openai.Responses && req.Chat != nil:
+		// The chat the Responses request maps onto. A render failure routes it on load: the engine, not the
+		// gateway, answers a request its template cannot take.
+		if ce, ok := m.Encoder.(ChatRequestEncoder); ok {
+			if _, ids, err := ce.EncodeChatRequest(req.Chat); err == nil {
+				p.IDs = ids
+			} else {
+				req.LoadOnlyReason = "chat_template"
+			}
+		} else {
+			req.LoadOnlyReason = "chat_template"
+		}
 	case req.API == openai.Chat:
 		var ids []uint32
 		var err error

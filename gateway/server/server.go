@@ -107,7 +107,8 @@ type Server struct {
 	// refused remembers the requests refused on their headers for errorHandler.
 	refused refusedSet
 	// outl counts consecutive endpoint failures (passive outlier ejection).
-	outl outliers
+	outl         outliers
+	surfaceState // GET /v1/models/{id}'s index (surface.go)
 }
 
 // requestKey names one kvgate_requests_total child.
@@ -143,6 +144,7 @@ func New(o Options) *Server {
 	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
 	s.app.Post("/v1/completions", s.generate(openai.Completions))
 	s.app.Get("/v1/models", s.listModels)
+	s.registerSurface() // /v1/models/{id}, /v1/responses, /v1/embeddings, /tokenize, /detokenize (surface.go)
 	s.app.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	s.app.Get("/readyz", s.readyz)
 	if o.Config.MetricsListen == "" { // else served on its own listener only (ServeMetrics)
@@ -590,6 +592,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		if plan.Info.Fallback != "" {
 			c.Set(HeaderFallback, plan.Info.Fallback)
 		}
+		setRouting(c, plan)
 		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 		// A stream:true request is relayed as a stream whatever the engine's content type (an engine's own
 		// error answer to it is passed through whole); an SSE answer is always streamed.
@@ -624,7 +627,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		validate := resp.StatusCode < 300
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 			buf := make([]byte, 32<<10)
-			var sc streamScan
+			sc := streamScan{responses: api == openai.Responses}
 			// endWithError ends a stream that failed or ended unfinished with one error event (none when
 			// the engine already sent one) and counts it as an upstream failure.
 			endWithError := func(msg string) {
@@ -736,5 +739,6 @@ func (s *Server) count(model, endpoint string, status int) {
 // isGeneratePath says whether a normalized path is one of the generation APIs (the requests
 // kvgate_requests_total counts).
 func isGeneratePath(norm string) bool {
-	return norm == openai.Chat.Path() || norm == openai.Completions.Path()
+	return norm == openai.Chat.Path() || norm == openai.Completions.Path() || norm == openai.Responses.Path() ||
+		norm == openai.Embeddings.Path()
 }
