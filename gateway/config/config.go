@@ -180,6 +180,8 @@ type Config struct {
 	TokenIDsRecheckInterval time.Duration `yaml:"token_ids_recheck_interval"`
 	// FrontDoor holds the client-connection, upstream-timeout, retry and exposure keys (frontdoor.go).
 	FrontDoor `yaml:",inline"`
+	// CORS is cross-origin access from browsers, off by default (cors.go).
+	CORS CORS `yaml:"cors"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -523,6 +525,7 @@ func (c *Config) Validate() error {
 		bad("default_output_tokens", "must not be negative")
 	}
 	c.FrontDoor.validate(bad)
+	c.CORS.validate(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

@@ -104,6 +104,9 @@ func (s *Server) refusal(h *fasthttp.RequestHeader) (e *openai.Error, generate b
 	if msg := framingError(h.RawHeaders()); msg != "" {
 		return openai.Errorf(fiber.StatusBadRequest, "invalid_request_error", "", "bad_framing", "%s", msg), generate
 	}
+	if s.corsPreflight(h) {
+		return nil, false // answered by cors without a body; a preflight carries no credentials
+	}
 	authz := string(h.Peek(fiber.HeaderAuthorization))
 	if !ok {
 		// Undecodable: authenticate as admin if it might be one, else let routing 404 it.

@@ -140,6 +140,7 @@ func New(o Options) *Server {
 		ErrorHandler:          s.errorHandler,
 	})
 	s.app.Server().HeaderReceived = s.headerReceived
+	s.app.Use(s.cors) // preflights are answered before auth: they carry no credentials (cors.go)
 	s.app.Use(s.auth)
 	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
 	s.app.Post("/v1/completions", s.generate(openai.Completions))
@@ -580,7 +581,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		}
 		c.Status(resp.StatusCode)
 		for k, vs := range resp.Header {
-			if skipRespHeader[k] {
+			if skipRespHeader[k] || corsSkip[k] {
 				continue
 			}
 			for _, v := range vs {
