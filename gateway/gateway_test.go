@@ -95,7 +95,7 @@ func TestOwnErrors(t *testing.T) {
 		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, 404, "model_not_found", "model"},
 		{"too large", "/v1/completions", `{"model":"qwen3","prompt":"` + strings.Repeat("a", 70000) + `"}`, 413, "request_too_large", nil},
 		{"bad prompt", "/v1/completions", `{"model":"qwen3","prompt":[1,"x"]}`, 400, nil, "prompt"},
-		{"no route", "/v1/embeddings", `{}`, 404, "not_found", nil},
+		{"no route", "/v1/audio/speech", `{}`, 404, "not_found", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

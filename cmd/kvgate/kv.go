@@ -34,7 +34,7 @@ func newKVCmd() *cobra.Command {
 		},
 	}
 	decode.Flags().BoolVar(&indent, "indent", false, "indent the JSON output")
-	kv.AddCommand(decode)
+	kv.AddCommand(decode, newKVTailCmd()) // tail: kvtail.go
 	return kv
 }
 

@@ -28,19 +28,20 @@ import (
 
 // newServeCmd returns `kvgate serve --config FILE`: run the gateway until SIGINT/SIGTERM.
 func newServeCmd() *cobra.Command {
-	var cfgPath string
+	var cfgPath, listen string
 	cmd := &cobra.Command{
-		Use:   "serve --config FILE",
+		Use:   "serve --config FILE [--listen ADDR]",
 		Short: "Run the gateway",
 		Long: "Runs the OpenAI-compatible gateway described by the YAML config (see README.md, \"Configuration\"). " +
 			"With `simulate: {engines: N}` it first starts N simulated engines in-process (the `make run` demo). " +
 			"When the admin token variable is empty, a random token is generated and printed.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return serve(cmd.Context(), cfgPath, cmd.OutOrStdout())
+			return serveOn(cmd.Context(), cfgPath, listen, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "path of the YAML configuration (required)")
+	cmd.Flags().StringVar(&listen, "listen", "", "address to listen on (host:port, :port), instead of the config's listen key")
 	cmd.MarkFlagRequired("config")
 	return cmd
 }
@@ -73,12 +74,20 @@ func logLevel(s string) slog.Level {
 }
 
 func serve(ctx context.Context, cfgPath string, out io.Writer) error {
+	return serveOn(ctx, cfgPath, "", out)
+}
+
+// serveOn is serve with the config's listen address replaced by listen (unless "").
+func serveOn(ctx context.Context, cfgPath, listen string, out io.Writer) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		return err
+	}
+	if listen != "" {
+		cfg.Listen = listen
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel), ReplaceAttr: secondsAttr}))
 	slog.SetDefault(log)
@@ -202,6 +211,10 @@ func startSimulated(ctx context.Context, cfg *config.Config, log *slog.Logger) (
 	return engines, nil
 }
 
+// demoRequest is the README's first request (a system prompt of six whole blocks), relative to the
+// repository root where `make run` runs.
+const demoRequest = "examples/requests/cached-chat.json"
+
 func printBanner(out io.Writer, cfg *config.Config, addr, token string, generated bool, sims int) {
 	host := addr
 	if strings.HasPrefix(host, "[::]:") || strings.HasPrefix(host, "0.0.0.0:") {
@@ -213,8 +226,14 @@ func printBanner(out io.Writer, cfg *config.Config, addr, token string, generate
 		fmt.Fprintf(out, " with %d simulated engines", sims)
 	}
 	fmt.Fprintf(out, " (store: %s).\n\nTry it:\n\n", cfg.Store.Kind)
-	fmt.Fprintf(out, "  curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n", host)
-	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}' -i\n\n", model)
+	if _, err := os.Stat(demoRequest); err == nil && model == "qwen3" {
+		// The demo: a system prompt of whole blocks, sent twice; the second answer has cached tokens.
+		fmt.Fprintf(out, "  for i in 1 2; do\n    curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n", host)
+		fmt.Fprintf(out, "      -d @%s -D - | grep -o -i -e 'x-kvgate-endpoint: [^[:space:]]*' -e '\"cached_tokens\":[0-9]*'\n  done\n\n", demoRequest)
+	} else {
+		fmt.Fprintf(out, "  curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n", host)
+		fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}' -i\n\n", model)
+	}
 	fmt.Fprintf(out, "Explain a routing decision (admin API):\n\n")
 	fmt.Fprintf(out, "  curl -s http://%s/admin/v1/route -H 'Authorization: Bearer %s' \\\n", host, token)
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n\n", model)

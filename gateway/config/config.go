@@ -190,6 +190,8 @@ type Config struct {
 	RunTimeEndpoints `yaml:",inline"`
 	// Ops holds the access-log, drain, TLS and tracing keys (ops.go).
 	Ops `yaml:",inline"`
+	// CORS is cross-origin access from browsers, off by default (cors.go).
+	CORS CORS `yaml:"cors"`
 }
 
 // Store selects and addresses the shared-state backend.
@@ -553,6 +555,7 @@ func (c *Config) Validate() error {
 	}
 	c.FrontDoor.validate(bad)
 	c.Ops.validate(bad)
+	c.CORS.validate(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

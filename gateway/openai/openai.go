@@ -94,7 +94,7 @@ func Unauthorized() *Error {
 		"Missing or invalid bearer token.")
 }
 
-// API names the two generation APIs.
+// API names the APIs the gateway routes to an engine.
 type API uint8
 
 const (
@@ -102,20 +102,34 @@ const (
 	Chat API = iota + 1
 	// Completions is POST /v1/completions.
 	Completions
+	// Responses is POST /v1/responses (surface.go): routed on its prefix when it maps onto the chat template.
+	Responses
+	// Embeddings is POST /v1/embeddings (surface.go): routed on load alone.
+	Embeddings
 )
 
 // Path returns the API's URL path.
 func (a API) Path() string {
-	if a == Chat {
+	switch a {
+	case Chat:
 		return "/v1/chat/completions"
+	case Responses:
+		return "/v1/responses"
+	case Embeddings:
+		return "/v1/embeddings"
 	}
 	return "/v1/completions"
 }
 
-// String returns "chat" or "completions".
+// String returns "chat", "completions", "responses" or "embeddings".
 func (a API) String() string {
-	if a == Chat {
+	switch a {
+	case Chat:
 		return "chat"
+	case Responses:
+		return "responses"
+	case Embeddings:
+		return "embeddings"
 	}
 	return "completions"
 }
@@ -154,8 +168,13 @@ type Request struct {
 	// Chat is a chat body decoded for the chat template by the same scan that read the fields above (nil
 	// for completions); render it with chattemplate.Template.RenderRequest (gateway/model's
 	// EncodeChatRequest) instead of parsing the body again. Field errors the template would report
-	// (a malformed message, a bad add_generation_prompt) come from the render, as before.
+	// (a malformed message, a bad add_generation_prompt) come from the render, as before. For Responses it
+	// is the chat the request maps onto (nil when it maps onto none: see LoadOnlyReason).
 	Chat *chattemplate.Request
+	// LoadOnlyReason, when set, says why the request is routed on load alone without being tokenized: a
+	// Responses request that does not map onto the chat template (e.g. "previous_response_id", "tools",
+	// "item:function_call", "content:input_image"), or "embeddings".
+	LoadOnlyReason string
 }
 
 // MaxTokensCap bounds Request.MaxTokens: a larger max_tokens / max_completion_tokens is read as this many
@@ -331,8 +350,13 @@ func syntaxError(body []byte, err error) *Error {
 // ParseRequest validates body for api and extracts the routing fields; errors are *Error with status 400.
 // A chat body is scanned once: the same pass decodes what the chat template reads into Request.Chat.
 func ParseRequest(api API, body []byte) (*Request, error) {
-	if api == Chat {
+	switch api {
+	case Chat:
 		return parseChat(body)
+	case Responses:
+		return parseResponses(body)
+	case Embeddings:
+		return parseEmbeddings(body)
 	}
 	return parseGJSON(api, body)
 }

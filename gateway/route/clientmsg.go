@@ -17,6 +17,10 @@ func badRequest(param, format string, a ...any) *RequestError {
 // chatError turns an Encoder.EncodeChat error into the client's RequestError, worded for the client: without the
 // gateway's package prefixes ("chattemplate: request: ..."), with the offending JSON path as param when the
 // request was malformed, and a template's own raise_exception text as vLLM returns it.
+// ChatError is the RequestError a chat render or tokenization error is answered with (the server's
+// /tokenize uses it too; RouteError maps it to a 400).
+func ChatError(err error) *RequestError { return chatError(err) }
+
 func chatError(err error) *RequestError {
 	if re, ok := errors.AsType[*chattemplate.RequestError](err); ok {
 		if re.Path == "" {
@@ -57,7 +61,10 @@ func promptTooLong(m *Model, req Request, n int) *RequestError {
 		return nil
 	}
 	param := "messages"
-	if !req.Chat {
+	switch {
+	case req.Responses:
+		param = "input"
+	case !req.Chat:
 		param = "prompt"
 	}
 	return &RequestError{Param: param, Code: "prompt_too_long", Message: fmt.Sprintf(

@@ -81,6 +81,13 @@ type Request struct {
 	Prompts       int
 	// CacheSalt is folded into block 0's key.
 	CacheSalt string
+	// Responses says a POST /v1/responses request: ChatRequest is the chat it maps onto (nil: it maps onto
+	// none, routed on load with LoadOnlyReason "chat_template").
+	Responses bool
+	// LoadOnlyReason, when set, says why the request is routed on load alone without being tokenized
+	// (embeddings, a Responses request that maps onto no chat: "previous_response_id", "tools", ...). Plan
+	// sets it in Plan.Request when a Responses request's chat cannot be rendered.
+	LoadOnlyReason string
 	// MaxTokens is the output token limit (-1: not set), N and BestOf the sequences asked for.
 	MaxTokens int64
 	N, BestOf int64
@@ -319,6 +326,21 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 	}
 	// 1. tokenize
 	switch {
+	case req.LoadOnlyReason != "":
+		// Not tokenized (embeddings, a Responses request mapping onto no chat): no keys, routed on load.
+	case req.Responses:
+		// The chat the Responses request maps onto. A render failure routes it on load: the engine, not the
+		// gateway, answers a request its template cannot take.
+		ce, ok := m.Encoder.(ChatRequestEncoder)
+		if ok && req.ChatRequest != nil {
+			if _, ids, err := ce.EncodeChatRequest(req.ChatRequest); err == nil {
+				p.IDs = ids
+			} else {
+				p.Request.LoadOnlyReason = "chat_template"
+			}
+		} else {
+			p.Request.LoadOnlyReason = "chat_template"
+		}
 	case req.Chat:
 		var ids []uint32
 		var err error

@@ -43,7 +43,7 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 	switch {
 	case !ok:
 		rc.MaxRequestBodySize = smallBodyLimit
-	case isGeneratePath(norm), IsAdminPath(norm):
+	case isGeneratePath(norm), IsAdminPath(norm), isTokenizePath(norm):
 		rc.MaxRequestBodySize = int(s.o.Config.MaxBodyBytes)
 	default:
 		rc.MaxRequestBodySize = smallBodyLimit
@@ -104,6 +104,9 @@ func (s *Server) refusal(h *fasthttp.RequestHeader) (e *openai.Error, generate b
 	if msg := framingError(h.RawHeaders()); msg != "" {
 		return openai.Errorf(fiber.StatusBadRequest, "invalid_request_error", "", "bad_framing", "%s", msg), generate
 	}
+	if s.corsPreflight(h) {
+		return nil, false // answered by cors without a body; a preflight carries no credentials
+	}
 	authz := string(h.Peek(fiber.HeaderAuthorization))
 	if !ok {
 		// Undecodable: authenticate as admin if it might be one, else let routing 404 it.
@@ -125,7 +128,7 @@ func (s *Server) refusal(h *fasthttp.RequestHeader) (e *openai.Error, generate b
 		}
 		return nil, false
 	}
-	if len(s.secrets.ClientAPIKeys) > 0 && (norm == "/v1" || strings.HasPrefix(norm, "/v1/")) {
+	if len(s.secrets.ClientAPIKeys) > 0 && (norm == "/v1" || strings.HasPrefix(norm, "/v1/") || isTokenizePath(norm)) {
 		got := bearerOf(authz)
 		okKey := 0
 		for _, k := range s.secrets.ClientAPIKeys {
@@ -383,6 +386,9 @@ type streamScan struct {
 	tail               []byte
 	sawDone, sawFinish bool
 	sawError           bool
+	// responses: the stream is a Responses event stream (POST /v1/responses), which ends with a
+	// response.completed or response.incomplete event, and fails with response.failed or error events.
+	responses bool
 }
 
 var (
@@ -392,6 +398,11 @@ var (
 	markErr      = []byte(`data: {"error"`)
 	markErrNoSp  = []byte(`data:{"error"`)
 	markErrObj   = []byte(`"object":"error"`)
+	// Responses events: the event line names the type (vLLM and OpenAI both send one before each data line).
+	markRespDone       = []byte("event: response.completed")
+	markRespIncomplete = []byte("event: response.incomplete")
+	markRespFailed     = []byte("event: response.failed")
+	markRespError      = []byte("event: error")
 )
 
 func (s *streamScan) scan(b []byte) {
@@ -415,6 +426,10 @@ func (s *streamScan) look(b []byte) {
 	s.sawDone = s.sawDone || bytes.Contains(b, markDone)
 	s.sawFinish = s.sawFinish || bytes.Contains(b, markFinish) || bytes.Contains(b, markFinishSp)
 	s.sawError = s.sawError || bytes.Contains(b, markErr) || bytes.Contains(b, markErrNoSp) || bytes.Contains(b, markErrObj)
+	if s.responses {
+		s.sawFinish = s.sawFinish || bytes.Contains(b, markRespDone) || bytes.Contains(b, markRespIncomplete)
+		s.sawError = s.sawError || bytes.Contains(b, markRespFailed) || bytes.Contains(b, markRespError)
+	}
 }
 
 // finished says the stream reached its end: [DONE] or a finish reason.

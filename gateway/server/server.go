@@ -109,7 +109,8 @@ type StoreStatus struct {
 
 // RouteRequest is what the router needs of a parsed request.
 func RouteRequest(r *openai.Request) route.Request {
-	return route.Request{Model: r.Model, Chat: r.API == openai.Chat, ChatRequest: r.Chat, PromptText: r.PromptText,
+	return route.Request{Model: r.Model, Chat: r.API == openai.Chat, Responses: r.API == openai.Responses,
+		LoadOnlyReason: r.LoadOnlyReason, ChatRequest: r.Chat, PromptText: r.PromptText,
 		PromptIDs: r.PromptIDs, PromptIsIDs: r.PromptIsIDs, BatchTexts: r.BatchTexts, BatchIDTokens: r.BatchIDTokens,
 		Prompts: r.Prompts, CacheSalt: r.CacheSalt, MaxTokens: r.MaxTokens, N: r.N, BestOf: r.BestOf}
 }
@@ -156,7 +157,8 @@ type Server struct {
 	// refused remembers the requests refused on their headers for errorHandler.
 	refused refusedSet
 	// outl counts consecutive endpoint failures (passive outlier ejection).
-	outl outliers
+	outl         outliers
+	surfaceState // GET /v1/models/{id}'s index (surface.go)
 	// perEndpoint caches the request metrics' children by [model, endpoint]; logShare is the access log's
 	// share of successful requests (0: off).
 	perEndpoint sync.Map
@@ -196,10 +198,12 @@ func New(o Options) *Server {
 		ErrorHandler:          s.errorHandler,
 	})
 	s.app.Server().HeaderReceived = s.headerReceived
+	s.app.Use(s.cors) // preflights are answered before auth: they carry no credentials (cors.go)
 	s.app.Use(s.auth)
 	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
 	s.app.Post("/v1/completions", s.generate(openai.Completions))
 	s.app.Get("/v1/models", s.listModels)
+	s.registerSurface() // /v1/models/{id}, /v1/responses, /v1/embeddings, /tokenize, /detokenize (surface.go)
 	s.app.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	s.app.Get("/readyz", s.readyz)
 	if o.Config.MetricsListen == "" { // else served on its own listener only (ServeMetrics)
@@ -705,7 +709,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		}
 		c.Status(resp.StatusCode)
 		for k, vs := range resp.Header {
-			if skipRespHeader[k] {
+			if skipRespHeader[k] || corsSkip[k] {
 				continue
 			}
 			for _, v := range vs {
@@ -717,6 +721,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		if plan.Info.Fallback != "" {
 			c.Set(HeaderFallback, plan.Info.Fallback)
 		}
+		setRouting(c, plan)
 		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 		// A stream:true request is relayed as a stream whatever the engine's content type (an engine's own
 		// error answer to it is passed through whole); an SSE answer is always streamed.
@@ -754,7 +759,7 @@ func (s *Server) generate(api openai.API) fiber.Handler {
 		validate := resp.StatusCode < 300
 		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 			buf := make([]byte, 32<<10)
-			var sc streamScan
+			sc := streamScan{responses: api == openai.Responses}
 			var tail streamTail
 			// atEnd takes the stream's usage before the request ends.
 			atEnd := func() {
@@ -886,5 +891,6 @@ func (s *Server) count(model, endpoint string, status int) {
 // isGeneratePath says whether a normalized path is one of the generation APIs (the requests
 // kvgate_requests_total counts).
 func isGeneratePath(norm string) bool {
-	return norm == openai.Chat.Path() || norm == openai.Completions.Path()
+	return norm == openai.Chat.Path() || norm == openai.Completions.Path() || norm == openai.Responses.Path() ||
+		norm == openai.Embeddings.Path()
 }

@@ -71,10 +71,33 @@ func parseHashForm(s string) (kvevents.HashForm, error) {
 	return 0, &ConfigError{Field: "kv-events-hash-form", Reason: fmt.Sprintf("%q is not int or bytes", s)}
 }
 
-// zmqBinds is vLLM's rule: bind when the address has a wildcard or is ipc/inproc, else connect.
+// zmqBinds is vLLM's rule — bind when the address has a wildcard ("tcp://*:5557": every interface) or is
+// ipc/inproc, else connect — plus one of the simulator's own: a loopback host ("tcp://127.0.0.1:5557",
+// "tcp://localhost:5557", "tcp://[::1]:5557") binds that address only, so a demo's publisher is not
+// reachable from other hosts (vLLM would connect to it, which no subscriber expects).
 func zmqBinds(ep string) bool {
-	return strings.Contains(ep, "*") || strings.Contains(ep, "::") ||
-		strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://")
+	if strings.Contains(ep, "*") || strings.Contains(ep, "::") ||
+		strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://") {
+		return true
+	}
+	return loopbackTCP(ep)
+}
+
+// loopbackTCP reports whether ep is tcp://HOST:PORT with HOST a loopback address or "localhost".
+func loopbackTCP(ep string) bool {
+	hostport, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return false
+	}
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func newPublisher(cfg *Config, log *slog.Logger) (*publisher, error) {

@@ -24,6 +24,8 @@ func (e *Engine) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", e.handleChat)
 	mux.HandleFunc("POST /v1/completions", e.handleCompletions)
+	mux.HandleFunc("POST /v1/responses", e.handleResponses)   // responses.go
+	mux.HandleFunc("POST /v1/embeddings", e.handleEmbeddings) // responses.go
 	mux.HandleFunc("GET /v1/models", e.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.m.reg, promhttp.HandlerOpts{}))
