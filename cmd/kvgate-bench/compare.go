@@ -515,12 +515,14 @@ func (b *bench) compareSeed(ctx context.Context, fl *fleet, w *workload, seed ui
 			res.Box = box(b0, b1)
 			if r.t == gwTarget {
 				res.RoutingStages = stageDelta(before, after)
+				res.gatewayCounters(before, after)
 			}
 			results = append(results, res)
 			series = append(series, makeSeries(&res, st, m, b.base.BlockSize))
-			fmt.Fprintf(b.out, "  %-22s load %-4g %4d req  %3d err (%d×429)  TTFT p50 %.3fs p90 %.3fs  hit %.3f / oracle %.3f  max/mean %.2f  load avg %.2f\n",
+			fmt.Fprintf(b.out, "  %-22s load %-4g %4d req  %3d err (%d×429)  TTFT p50 %.3fs p90 %.3fs  hit %.3f / oracle %.3f (gateway saw %.3f)  max/mean %.2f  misses cold/moved/evicted/in-flight %d/%d/%d/%d  refusals %d  load avg %.2f\n",
 				r.name, load, res.Requests, res.Errors, res.Status429, res.TTFTP50, res.TTFTP90, res.HitRate,
-				res.OracleHitRate, res.MaxOverMean, res.Box.LoadEnd[0])
+				res.OracleHitRate, res.GatewayMatchRate, res.MaxOverMean, res.Misses.Cold, res.Misses.Moved,
+				res.Misses.Evicted, res.Misses.InFlight, res.ReservationRefusals, res.Box.LoadEnd[0])
 		}
 	}
 	return results, series, nil

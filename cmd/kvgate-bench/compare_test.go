@@ -248,3 +248,25 @@ func TestCompareEndToEnd(t *testing.T) {
 		t.Errorf("report lacks three-tier's row:\n%s", rep)
 	}
 }
+
+func TestClassifyMisses(t *testing.T) {
+	s := time.Second
+	ok := func(g int, ep string, start, finish time.Duration, cached int64) *record {
+		return &record{Group: g, Endpoint: ep, Start: start, Finish: finish, Status: 200, CachedTokens: cached}
+	}
+	recs := []*record{
+		ok(1, "a", 0, 5*s, 0),                                 // first of group 1: not short (the oracle has nothing either)
+		ok(1, "a", 1*s, 2*s, 0),                               // a's only group-1 request is still running: in flight
+		ok(1, "b", 3*s, 4*s, 0),                               // b never served group 1: moved
+		ok(1, "a", 6*s, 7*s, 0),                               // a answered group 1 before: evicted
+		ok(1, "a", 8*s, 9*s, 96),                              // got what the oracle got: not short
+		ok(2, "b", 9*s, 10*s, 0),                              // first of group 2
+		{Group: 2, Endpoint: "b", Start: 11 * s, Status: 429}, // refused: not answered
+	}
+	oracle := []int64{0, 96, 96, 96, 96, 0, 96}
+	got := classifyMisses(recs, oracle, 16, true)
+	want := missCounts{Answered: 6, Short: 3, Moved: 1, Evicted: 1, InFlight: 1}
+	if got != want {
+		t.Fatalf("%+v, want %+v", got, want)
+	}
+}

@@ -182,6 +182,21 @@ func writeReport(w io.Writer, env runEnv, rs []result, charts []string) {
 					r.Box.LoadEnd[0], r.Box.Busy, r.Box.Steal)
 			}
 			fmt.Fprintln(w)
+			fmt.Fprintln(w, "Why requests got less than the oracle (answered requests short of it by more than a block: first of their group or conversation; sent to an endpoint that had served none of it; sent to one that had, yet its blocks were evicted; or only unfinished siblings there), what the gateway's index promised (*gateway saw*: matched GPU tokens / prompt tokens of the chosen endpoints), reservations refused and 429s after the queue timeout, and the engines' KV-cache utilization (mean; share of samples with an endpoint ≥ 0.95):")
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "| policy | short of oracle | cold | moved | evicted | in flight | hit | gateway saw | refusals | queue 429s | KV use | KV ≥ 0.95 |")
+			fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+			for _, p := range policiesOf(rs) {
+				r := pick(rs, p, load, seed)
+				if r == nil {
+					continue
+				}
+				m := r.Misses
+				fmt.Fprintf(w, "| %s | %d / %d | %d | %d | %d | %d | %.3f | %.3f | %d | %d | %.2f | %.2f |\n", p, m.Short, m.Answered,
+					m.Cold, m.Moved, m.Evicted, m.InFlight, r.HitRate, r.GatewayMatchRate, r.ReservationRefusals,
+					r.QueueTimeouts, r.KVUsageMean, r.KVUsageHigh)
+			}
+			fmt.Fprintln(w)
 			if tt := pick(rs, "three-tier", load, seed); tt != nil && len(tt.RoutingStages) > 0 {
 				fmt.Fprint(w, "Gateway routing stages under three-tier (mean / p99 bucket bound, µs): ")
 				var names []string

@@ -60,8 +60,81 @@ type result struct {
 	// MaxOverMeanRunning is the mean over samples of (max / mean running requests per endpoint).
 	MaxOverMeanRunning float64 `json:"max_over_mean_running"`
 
+	// Misses classifies the answered requests that got less than the oracle (by more than a block): why.
+	Misses missCounts `json:"misses"`
+	// Gateway counters over the run: reservations refused (each retry while queued counts), requests
+	// answered 429 after queue_timeout, and the share of prompt tokens the gateway's index said the chosen
+	// endpoint held (what the policy saw; the engines' hit rate is what was there).
+	ReservationRefusals int64   `json:"reservation_refusals"`
+	QueueTimeouts       int64   `json:"queue_timeouts"`
+	GatewayMatchRate    float64 `json:"gateway_match_rate"`
+	PolicyFallbacks     int64   `json:"policy_fallbacks"`
+	// KVUsageMean is the mean over samples and endpoints of the engines' KV-cache utilization; KVUsageHigh
+	// the share of samples with an endpoint at ≥ 0.95 (running requests' blocks leave little for cached
+	// prefixes).
+	KVUsageMean float64 `json:"kv_usage_mean"`
+	KVUsageHigh float64 `json:"kv_usage_high_share"`
+
 	RoutingStages map[string]stageStat `json:"routing_stages,omitempty"` // gateway's kvgate_routing_stage_seconds
 	Box           boxDelta             `json:"machine"`
+}
+
+// missCounts splits the answered requests that the oracle would have served at least one block more:
+// Cold, the first of its group (shared-prefix) or nothing earlier shared it; Moved, sent to an endpoint
+// that had served none of its group (or, without groups, of the requests the oracle matched) before;
+// Evicted, sent to an endpoint that had answered one of its group before it started, yet the blocks were
+// gone; InFlight, the endpoint had only unfinished requests of its group (their blocks not yet cached).
+type missCounts struct {
+	Answered int `json:"answered"`
+	Short    int `json:"short_of_oracle"`
+	Cold     int `json:"cold"`
+	Moved    int `json:"moved"`
+	Evicted  int `json:"evicted"`
+	InFlight int `json:"in_flight"`
+}
+
+// classifyMisses fills missCounts for recs (sorted by start) with the oracle's cached tokens per record.
+func classifyMisses(recs []*record, oracle []int64, blockSize int, grouped bool) missCounts {
+	var mc missCounts
+	type served struct{ finish time.Duration }
+	byGroup := map[int]map[string][]served{} // group → endpoint → earlier requests' finish times
+	for i, r := range recs {
+		if !r.OK() {
+			continue
+		}
+		mc.Answered++
+		g := r.Group
+		if !grouped {
+			g = 0
+		}
+		eps := byGroup[g]
+		if eps == nil {
+			eps = map[string][]served{}
+			byGroup[g] = eps
+		}
+		if r.CachedTokens+int64(blockSize) < oracle[i] {
+			mc.Short++
+			prev := eps[r.Endpoint]
+			switch {
+			case len(eps) == 0 || oracle[i] == 0:
+				mc.Cold++
+			case len(prev) == 0:
+				mc.Moved++
+			default:
+				done := false
+				for _, p := range prev {
+					done = done || p.finish <= r.Start
+				}
+				if done {
+					mc.Evicted++
+				} else {
+					mc.InFlight++
+				}
+			}
+		}
+		eps[r.Endpoint] = append(eps[r.Endpoint], served{r.Finish})
+	}
+	return mc
 }
 
 // stageStat is one routing stage over a run, from the gateway's histogram (bucket bounds: p99 is the
@@ -156,6 +229,46 @@ func (res *result) fill(st *runStats, m *model.Model, blockSize, lruBlocks int, 
 		res.MaxOverMean = float64(maxN) / (float64(sum) / float64(len(res.RequestsPerEndpoint)))
 	}
 	res.MaxOverMeanRunning = runningSpread(st.Running)
+	grouped := false
+	for _, r := range recs {
+		grouped = grouped || r.Group != 0
+	}
+	res.Misses = classifyMisses(recs, oc.Infinite, blockSize, grouped)
+	var kvSum float64
+	var kvN, kvHigh, samples int
+	for _, s := range st.KVUsage {
+		samples = max(samples, len(s))
+	}
+	for i := range samples {
+		high := false
+		for _, s := range st.KVUsage {
+			if i < len(s) {
+				kvSum += s[i]
+				kvN++
+				high = high || s[i] >= 0.95
+			}
+		}
+		if high {
+			kvHigh++
+		}
+	}
+	if kvN > 0 {
+		res.KVUsageMean = kvSum / float64(kvN)
+		res.KVUsageHigh = float64(kvHigh) / float64(samples)
+	}
+}
+
+// gatewayCounters fills the gateway's counter deltas between two scrapes.
+func (res *result) gatewayCounters(before, after harness.Samples) {
+	d := func(name string, match ...string) float64 {
+		return after.Sum(name, match...) - before.Sum(name, match...)
+	}
+	res.ReservationRefusals = int64(d("kvgate_reservation_refusals_total"))
+	res.QueueTimeouts = int64(d("kvgate_queue_timeouts_total"))
+	res.PolicyFallbacks = int64(d("kvgate_policy_fallbacks_total"))
+	if p := d("kvgate_prompt_tokens_total"); p > 0 {
+		res.GatewayMatchRate = d("kvgate_matched_tokens_total", "tier", "GPU") / p
+	}
 }
 
 // runningSpread is the mean over samples with anything running of max/mean running per endpoint.

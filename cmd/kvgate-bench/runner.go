@@ -27,6 +27,7 @@ type message struct {
 // record is one sent request as the client saw it. Times are offsets from the run's start, wall clock.
 type record struct {
 	Session, Turn int
+	Group         int // the session's Group
 	Start, Finish time.Duration
 	TTFT          time.Duration   // to the first content chunk (0: none arrived)
 	Gaps          []time.Duration // between content chunks (inter-token latencies)
@@ -180,6 +181,7 @@ type runStats struct {
 	// Running is the per-endpoint running requests (engine-reported) sampled every sampleEvery.
 	Running map[string][]float64
 	Waiting map[string][]float64
+	KVUsage map[string][]float64 // vllm:kv_cache_usage_perc, fraction
 }
 
 const sampleEvery = 250 * time.Millisecond
@@ -205,7 +207,7 @@ func runWorkload(ctx context.Context, w *workload, t *target, a arrivals, nonce 
 			if ctx.Err() != nil {
 				return
 			}
-			rec := &record{Session: si, Turn: ti, Chat: w.Chat}
+			rec := &record{Session: si, Turn: ti, Group: s.Group, Chat: w.Chat}
 			if w.Chat {
 				hist = append(hist, message{"user", tn.User})
 				rec.Messages = append([]message(nil), hist...)
@@ -233,7 +235,7 @@ func runWorkload(ctx context.Context, w *workload, t *target, a arrivals, nonce 
 			}
 		}
 	}
-	stats := &runStats{Running: map[string][]float64{}, Waiting: map[string][]float64{}}
+	stats := &runStats{Running: map[string][]float64{}, Waiting: map[string][]float64{}, KVUsage: map[string][]float64{}}
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
 	sampler.Go(func() {
@@ -247,7 +249,7 @@ func runWorkload(ctx context.Context, w *workload, t *target, a arrivals, nonce 
 			}
 			var mu sync.Mutex
 			var wg sync.WaitGroup
-			run, wait := map[string]float64{}, map[string]float64{}
+			run, wait, kv := map[string]float64{}, map[string]float64{}, map[string]float64{}
 			for _, e := range engines {
 				wg.Go(func() {
 					sctx, cancel := context.WithTimeout(ctx, sampleEvery)
@@ -258,6 +260,7 @@ func runWorkload(ctx context.Context, w *workload, t *target, a arrivals, nonce 
 					}
 					mu.Lock()
 					run[e.ID], wait[e.ID] = m.Sum(harness.MetricRunning), m.Sum(harness.MetricWaiting)
+					kv[e.ID] = m.Sum("vllm:kv_cache_usage_perc")
 					mu.Unlock()
 				})
 			}
@@ -265,6 +268,7 @@ func runWorkload(ctx context.Context, w *workload, t *target, a arrivals, nonce 
 			for _, e := range engines {
 				stats.Running[e.ID] = append(stats.Running[e.ID], run[e.ID])
 				stats.Waiting[e.ID] = append(stats.Waiting[e.ID], wait[e.ID])
+				stats.KVUsage[e.ID] = append(stats.KVUsage[e.ID], kv[e.ID])
 			}
 			if progress != nil {
 				progress(int(done.Load()), total, time.Since(t0))

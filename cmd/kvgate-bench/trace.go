@@ -109,7 +109,7 @@ func traceWorkload(src *textSource, recs []traceRecord, blockTokens, maxOutput i
 			b.WriteString(text)
 		}
 		o := min(max(1, int(math.Round(float64(rec.OutputLength)*scale))), maxOutput)
-		ss[i] = session{At: time.Duration(rec.Timestamp-t0) * time.Millisecond,
+		ss[i] = session{At: time.Duration(rec.Timestamp-t0) * time.Millisecond, Group: int(rec.HashIDs[0]) + 1,
 			Turns: []turn{{User: b.String(), MaxTokens: o}}}
 		in += tokens
 		out += o
@@ -145,7 +145,7 @@ type traceShape struct {
 }
 
 var (
-	traceGenFull  = traceShape{Requests: 600, Systems: 24, SystemBlocks: 10, Turns: 6, TurnBlocks: 3, Rate: 1, ThinkMS: 20000}
+	traceGenFull  = traceShape{Requests: 400, Systems: 24, SystemBlocks: 10, Turns: 6, TurnBlocks: 3, Rate: 1, ThinkMS: 20000}
 	traceGenQuick = traceShape{Requests: 80, Systems: 6, SystemBlocks: 8, Turns: 4, TurnBlocks: 2, Rate: 1, ThinkMS: 8000}
 )
 

@@ -28,6 +28,7 @@ type session struct {
 	System string        // chat: the system prompt ("" none); completions: the prompt's head
 	Turns  []turn
 	Think  time.Duration // wall time between an answer and the next turn
+	Group  int           // shared-prefix: the group whose system prompt it sends (miss analysis); else 0
 }
 
 // turn is one request: a new user message (chat) or the whole prompt (completions, after System).
@@ -85,7 +86,7 @@ func sharedPrefix(src *textSource, sh sharedPrefixShape, chat bool, seed uint64)
 	for range sh.Rounds {
 		for g := range sh.Groups {
 			for range sh.Users {
-				ss = append(ss, session{System: systems[g], Turns: []turn{{User: src.Text(r, sh.Question),
+				ss = append(ss, session{System: systems[g], Group: g, Turns: []turn{{User: src.Text(r, sh.Question),
 					MaxTokens: sh.Output}}})
 			}
 		}
@@ -105,7 +106,7 @@ type multiTurnShape struct {
 }
 
 var (
-	multiTurnFull  = multiTurnShape{Sessions: 120, Turns: 8, Systems: 4, System: 400, Question: 100, Output: 48, Think: 500 * time.Millisecond}
+	multiTurnFull  = multiTurnShape{Sessions: 80, Turns: 6, Systems: 4, System: 400, Question: 100, Output: 48, Think: 500 * time.Millisecond}
 	multiTurnQuick = multiTurnShape{Sessions: 24, Turns: 4, Systems: 2, System: 300, Question: 80, Output: 24, Think: 200 * time.Millisecond}
 )
 
@@ -118,7 +119,7 @@ func multiTurn(src *textSource, sh multiTurnShape, chat bool, seed uint64) *work
 	ss := make([]session, sh.Sessions)
 	for i := range ss {
 		n := sh.Turns/2 + r.IntN(sh.Turns-sh.Turns/2+1)
-		s := session{System: systems[r.IntN(len(systems))], Think: sh.Think}
+		s := session{System: systems[r.IntN(len(systems))], Think: sh.Think, Group: i + 1}
 		for range max(n, 1) {
 			s.Turns = append(s.Turns, turn{User: src.Text(r, sh.Question), MaxTokens: sh.Output})
 		}
