@@ -167,9 +167,10 @@ func addCompareFlags(fs *flag.FlagSet, c *compareOptions) (finish func() error) 
 
 // fleet is what a comparison sends to: the gateway, and the engines when the bench started them.
 type fleet struct {
-	gw      *harness.Gateway
-	engines []*harness.Engine
-	blocks  int // GPU blocks per engine (0: unknown)
+	versions map[string]string // uploaded policy versions by name
+	gw       *harness.Gateway
+	engines  []*harness.Engine
+	blocks   int // GPU blocks per engine (0: unknown)
 }
 
 // compare runs the policy comparison and writes its outputs.
@@ -215,28 +216,37 @@ func (b *bench) compare(ctx context.Context) error {
 	var all []result
 	var series []timeSeries
 	env := runEnv{CPUs: numCPU(), Started: time.Now().UTC()}
+	// One fleet for every seed (the workload's shape, and so the cache size, does not depend on the seed):
+	// each run starts cold anyway.
+	var fl *fleet
+	var runErr error
 	for si, seed := range c.seeds {
 		w, err := b.buildWorkload(src, seed)
 		if err != nil {
 			return err
 		}
-		fl, err := b.startFleet(ctx, w, si)
-		if err != nil {
-			return err
+		if fl == nil {
+			if fl, err = b.startFleet(ctx, w, si); err != nil {
+				return err
+			}
 		}
 		fmt.Fprintf(b.out, "workload %s (seed %d): %s; %d requests\n", w.Name, seed, w.Desc, w.Requests())
 		rs, ts, err := b.compareSeed(ctx, fl, w, seed, policies, wasm, m, si)
 		all = append(all, rs...)
 		series = append(series, ts...)
-		b.stopAll()
-		if err != nil {
-			return err
-		}
 		env.Workload, env.Desc, env.Engines, env.GPUBlocks = w.Name, w.Desc, len(fl.engines), fl.blocks
+		if err != nil {
+			runErr = err
+			break
+		}
 	}
 	env.Finished = time.Now().UTC()
 	env.Args = os.Args[1:]
-	return writeOutputs(c.out, env, all, series, b.out)
+	// A failed run still leaves what was measured before it.
+	if err := writeOutputs(c.out, env, all, series, b.out); err != nil {
+		return err
+	}
+	return runErr
 }
 
 // policyModules builds or reads every non-built-in policy's Wasm module once, before anything is timed.
@@ -347,7 +357,7 @@ func (b *bench) startFleet(ctx context.Context, w *workload, run int) (*fleet, e
 			tok = os.Getenv("KVGATE_ADMIN_TOKEN")
 		}
 		addr := strings.TrimPrefix(strings.TrimPrefix(strings.TrimRight(c.gatewayURL, "/"), "http://"), "https://")
-		return &fleet{gw: &harness.Gateway{Addr: addr, AdminToken: tok}}, nil
+		return &fleet{gw: &harness.Gateway{Addr: addr, AdminToken: tok}, versions: map[string]string{}}, nil
 	}
 	blocks := c.gpuBlocks
 	if blocks == 0 {
@@ -393,7 +403,7 @@ func (b *bench) startFleet(ctx context.Context, w *workload, run int) (*fleet, e
 	if err != nil {
 		return nil, err
 	}
-	return &fleet{gw: g, engines: engines, blocks: blocks}, nil
+	return &fleet{gw: g, engines: engines, blocks: blocks, versions: map[string]string{}}, nil
 }
 
 // distinctBlocks estimates the workload's distinct prompt blocks from its text (one token per word).
@@ -416,8 +426,11 @@ func distinctBlocks(w *workload, blockSize int) int {
 func (b *bench) compareSeed(ctx context.Context, fl *fleet, w *workload, seed uint64, policies []string,
 	wasm map[string][]byte, m *model.Model, si int) ([]result, []timeSeries, error) {
 	c := &b.o.cmp
-	versions := map[string]string{}
+	versions := fl.versions
 	for _, p := range policies {
+		if _, ok := versions[p]; ok {
+			continue
+		}
 		if p == config.DefaultPolicyName {
 			continue
 		}
