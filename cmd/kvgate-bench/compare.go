@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
+	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/model"
 )
@@ -50,9 +51,16 @@ type compareOptions struct {
 	calConc     int
 	limit       int
 	progress    bool
+	variants    map[string]variant // extra rows: a policy under another config, by label
 	shared      sharedPrefixShape
 	multi       multiTurnShape
 	traceGen    traceShape
+}
+
+// variant is a policy activated with a config of its own (--variant LABEL=POLICY:JSON).
+type variant struct {
+	Policy string
+	Config json.RawMessage
 }
 
 // defaultComparePolicies are the policies compared unless --policies says otherwise: the built-in
@@ -88,10 +96,21 @@ func addCompareFlags(fs *flag.FlagSet, c *compareOptions) (finish func() error) 
 	fs.IntVar(&c.gpuBlocks, "gpu-blocks", 0, "sim: GPU KV blocks per engine (0: sized to the workload)")
 	simArgs := fs.String("sim-args", "", "sim: extra enginesim flags, space separated (e.g. \"--prefill-per-token 400us\")")
 	fs.Int64Var(&c.maxInflight, "max-inflight", 64, "sim: gateway max_inflight_requests per endpoint")
-	fs.Int64Var(&c.maxTokens, "max-inflight-tokens", -1, "sim: gateway max_inflight_tokens per endpoint (-1: the engine's KV capacity, 0: unlimited)")
+	fs.Int64Var(&c.maxTokens, "max-inflight-tokens", 0, "sim: gateway max_inflight_tokens per endpoint (0: unlimited, -1: the engine's KV capacity)")
 	fs.StringVar(&c.policyDir, "policy-dir", "", "directory of prebuilt <policy>.wasm (make policies writes bin/policies)")
 	fs.IntVar(&c.calConc, "calibration-concurrency", 0, "closed-loop concurrency of the calibration (0: 6 per engine)")
 	fs.BoolVar(&c.progress, "progress", true, "draw a progress bar on stderr")
+	c.variants = map[string]variant{}
+	fs.Func("variant", "compare: an extra row LABEL=POLICY:JSON, the policy activated with that config (repeatable), e.g. 'tt-it32=three-tier:{\"imbalance_threshold\":32}'",
+		func(v string) error {
+			label, rest, ok := strings.Cut(v, "=")
+			name, cfg, ok2 := strings.Cut(rest, ":")
+			if !ok || !ok2 || label == "" || name == "" || !json.Valid([]byte(cfg)) {
+				return fmt.Errorf("want LABEL=POLICY:JSON, got %q", v)
+			}
+			c.variants[label] = variant{Policy: name, Config: json.RawMessage(cfg)}
+			return nil
+		})
 	fs.IntVar(&c.shared.Groups, "groups", 0, "shared-prefix: groups (0: the shape's)")
 	fs.IntVar(&c.shared.Users, "users", 0, "shared-prefix: users per group")
 	fs.IntVar(&c.shared.System, "system-tokens", 0, "shared-prefix, multi-turn: system prompt tokens")
@@ -209,7 +228,15 @@ func (b *bench) compare(ctx context.Context) error {
 			policies = append(policies, "three-tier-as")
 		}
 	}
-	wasm, err := b.policyModules(ctx, policies)
+	modules := slices.Clone(policies)
+	for label, v := range c.variants {
+		policies = append(policies, label)
+		if !slices.Contains(modules, v.Policy) {
+			modules = append(modules, v.Policy)
+		}
+	}
+	slices.Sort(policies[len(policies)-len(c.variants):])
+	wasm, err := b.policyModules(ctx, modules)
 	if err != nil {
 		return err
 	}
@@ -428,6 +455,9 @@ func (b *bench) compareSeed(ctx context.Context, fl *fleet, w *workload, seed ui
 	c := &b.o.cmp
 	versions := fl.versions
 	for _, p := range policies {
+		if v, ok := c.variants[p]; ok {
+			p = v.Policy
+		}
 		if _, ok := versions[p]; ok {
 			continue
 		}
@@ -578,14 +608,26 @@ func (b *bench) calibrate(ctx context.Context, fl *fleet, w *workload, t *target
 }
 
 func (b *bench) activateVersion(ctx context.Context, fl *fleet, p string, versions map[string]string) error {
+	var cfg []byte
+	if v, ok := b.o.cmp.variants[p]; ok {
+		p, cfg = v.Policy, v.Config
+	}
 	if p == config.DefaultPolicyName {
-		return b.activate(ctx, fl.gw, p)
+		l, err := fl.gw.Policies(ctx)
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(l.Versions, func(v admin.VersionJSON) bool { return v.Name == p })
+		if i < 0 {
+			return fmt.Errorf("%s is not loaded", p)
+		}
+		return fl.gw.ActivatePolicy(ctx, b.base.Name, string(l.Versions[i].Version), cfg)
 	}
 	v, ok := versions[p]
 	if !ok {
 		return fmt.Errorf("policy %s not uploaded", p)
 	}
-	return fl.gw.ActivatePolicy(ctx, b.base.Name, v, nil)
+	return fl.gw.ActivatePolicy(ctx, b.base.Name, v, cfg)
 }
 
 // resetEngines drops every engine's prefix cache (AllBlocksCleared reaches the gateway's index).
