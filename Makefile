@@ -7,7 +7,7 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: build run run-fleet run-dialects test test-unit test-race lint bench bench-redis models node-deps policies goldens tidy
+.PHONY: build run run-fleet run-dialects test test-unit test-race lint bench bench-build bench-full bench-go bench-overhead bench-quality bench-redis models node-deps policies goldens tidy
 
 ## build: bin/kvgate, stamped with its version and commit (`bin/kvgate --version`).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
@@ -54,14 +54,35 @@ test-unit:
 test-race:
 	$(GO) test -count=1 -race -short -timeout 15m $(RACE_PKGS)
 
-## bench: benchmarks (not part of make test).
-bench:
+## bench: the quick policy comparison (kvgate-bench --sim 8 --quick) into bench-out/: results.json, report.md,
+## charts. Under 3 minutes after bench-build (binaries and policy modules). Not part of make test.
+BENCH_OUT ?= bench-out
+BENCH = bin/kvgate-bench --kvgate bin/kvgate --enginesim bin/enginesim --policy-dir bin/policies
+bench: bench-build
+	$(BENCH) --sim 8 --quick --out $(BENCH_OUT)
+
+bench-build: policies
+	$(GO) build -o bin/ ./cmd/kvgate ./cmd/enginesim ./cmd/kvgate-bench
+
+## bench-full: the full comparison of docs/benchmarks.md, every workload at 0.8x, 1.5x and 2x (about an hour).
+bench-full: bench-build
+	$(BENCH) --sim 8 --workload shared-prefix --direct --out $(BENCH_OUT)/shared-prefix
+	$(BENCH) --sim 8 --workload multi-turn --out $(BENCH_OUT)/multi-turn
+	$(BENCH) --sim 8 --workload trace --out $(BENCH_OUT)/trace
+
+## bench-go: the Go microbenchmarks.
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 ## bench-redis: what one Redis costs the fleet per request, per ingested block and per (block, holder), and its
 ## longest call (kvgate-bench --mode redis; cmd/kvgate-bench/README.md, docs/benchmarks.md).
 bench-redis:
 	$(GO) run ./cmd/kvgate-bench --mode redis --requests 300
+## bench-overhead, bench-quality: kvgate-bench's gateway-overhead and single-load quality modes.
+bench-overhead: bench-build
+	$(BENCH) --mode overhead
+bench-quality: bench-build
+	$(BENCH) --mode quality
 
 tidy:
 	$(GO) mod tidy

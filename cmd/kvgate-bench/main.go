@@ -47,6 +47,9 @@ type options struct {
 	stores    []string
 	policies  []string
 	keep      bool
+	// policiesSet is true when --policies was given; cmp holds --mode compare's flags (compare.go).
+	policiesSet bool
+	cmp         compareOptions
 }
 
 func main() {
@@ -62,7 +65,7 @@ func main() {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("kvgate-bench", flag.ContinueOnError)
-	fs.StringVar(&o.mode, "mode", "all", "what to measure: overhead, quality, all (both) or redis (what one Redis costs the fleet)")
+	fs.StringVar(&o.mode, "mode", "all", "what to measure: overhead, quality, compare (implied by --sim and --gateway), all (overhead and quality) or redis (what one Redis costs the fleet)")
 	fs.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: go build ./cmd/kvgate)")
 	fs.StringVar(&o.enginesim, "enginesim", "", "enginesim binary (default: go build ./cmd/enginesim)")
 	fs.StringVar(&o.configIn, "config", "", "gateway config to start from (its first model's tokenizer, block size, policy config and timings; endpoints, listen and store are replaced)")
@@ -73,16 +76,31 @@ func parseFlags(args []string) (options, error) {
 		"quality: policies to compare: three-tier (built in) and examples/policies/<name> directories")
 	addRedisFlags(fs)
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, process logs)")
+	finishCompare := addCompareFlags(fs, &o.cmp)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "policies":
+			o.policiesSet = true
+		case "sim", "gateway", "gen-trace":
+			if !setFlag(fs, "mode") {
+				o.mode = "compare"
+			}
+		}
+	})
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	switch o.mode {
 	case "overhead", "quality", "all", "redis":
+	case "compare":
+		if err := finishCompare(); err != nil {
+			return o, err
+		}
 	default:
-		return o, fmt.Errorf("--mode %q: want overhead, quality, all or redis", o.mode)
+		return o, fmt.Errorf("--mode %q: want overhead, quality, compare, all or redis", o.mode)
 	}
 	if o.requests < 20 {
 		return o, fmt.Errorf("--requests %d: want at least 20", o.requests)
@@ -143,6 +161,9 @@ func run(args []string, out io.Writer) error {
 	if err := b.loadConfig(); err != nil {
 		return err
 	}
+	if o.mode == "compare" && o.cmp.genTrace != "" {
+		return b.compare(ctx) // writes the trace, starts nothing
+	}
 	if err := b.binaries(ctx); err != nil {
 		return err
 	}
@@ -163,7 +184,17 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 	}
+	if o.mode == "compare" {
+		return b.compare(ctx)
+	}
 	return nil
+}
+
+// setFlag reports whether the flag name was given on the command line.
+func setFlag(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // loadConfig builds the config template: the user's file (parsed strictly by gateway/config) or defaults.
