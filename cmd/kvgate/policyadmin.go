@@ -181,14 +181,32 @@ func policyAdminCmds() []*cobra.Command {
 		},
 	}
 	rb.flags(rollback)
+	var listJSON bool
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List a gateway's loaded policy versions, what it serves per model, and the fleet's view (each model's history and the gateways that disagree, with why)",
-		Args:  cobra.NoArgs,
+		Long: "Prints tables: what the gateway serves per model and the versions it has loaded, then per model the\n" +
+			"fleet's activation stack (oldest first; the configured policy at the bottom, the active one on top),\n" +
+			"every gateway with a live report and the version it serves, and the gateways that disagree with the\n" +
+			"cause (a failed load, its attempts and the next one). --json prints the gateway's JSON instead.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return ls.do(cmd.Context(), cmd.OutOrStdout(), http.MethodGet, "/admin/v1/policies", "", nil)
+			if listJSON {
+				return ls.do(cmd.Context(), cmd.OutOrStdout(), http.MethodGet, "/admin/v1/policies", "", nil)
+			}
+			b, status, err := ls.call(cmd.Context(), http.MethodGet, "/admin/v1/policies", "", nil)
+			if err != nil {
+				return err
+			}
+			var r admin.ListResponse
+			if status != http.StatusOK || json.Unmarshal(b, &r) != nil {
+				return fmt.Errorf("list: %d %s: %s", status, http.StatusText(status), bytes.TrimSpace(b))
+			}
+			policyListTable(cmd.OutOrStdout(), r)
+			return nil
 		},
 	}
+	list.Flags().BoolVar(&listJSON, "json", false, "print the gateway's JSON response (GET /admin/v1/policies)")
 	ls.flags(list)
 	unload := &cobra.Command{
 		Use:   "unload NAME@SHA256",

@@ -18,10 +18,16 @@ import (
 // returns its address; the gateway stops at cleanup.
 func startServeGateway(t *testing.T, adminEnv string) string {
 	t.Helper()
+	return startServeGatewayWith(t, adminEnv, "")
+}
+
+// startServeGatewayWith is startServeGateway with extra top-level YAML (e.g. a Redis store).
+func startServeGatewayWith(t *testing.T, adminEnv, extra string) string {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.yaml")
 	abs, _ := filepath.Abs("../../examples/models/qwen3")
-	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nadmin_token_env: "+adminEnv+"\nmodels:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
+	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nadmin_token_env: "+adminEnv+"\n"+extra+"models:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
 	pr, pw := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
