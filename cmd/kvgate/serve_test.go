@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/plugins"
 )
 
@@ -109,8 +110,12 @@ func TestServeAndPolicyCommands(t *testing.T) {
 	if out, err := run("activate", "qwen3", ver[:len("mine@")+10], "--config", `{"imbalance_threshold":2}`); err != nil {
 		t.Fatalf("activate: %v\n%s", err, out)
 	}
-	if out, err := run("list"); err != nil || !strings.Contains(out, `"imbalance_threshold": 2`) {
+	served := regexp.MustCompile(`(?m)^  qwen3 +` + regexp.QuoteMeta(route.ShortVersion(ver)) + ` +\{"imbalance_threshold":2\}$`)
+	if out, err := run("list"); err != nil || !served.MatchString(out) {
 		t.Fatalf("list: %v\n%s", err, out)
+	}
+	if out, err := run("list", "--json"); err != nil || !strings.Contains(out, `"imbalance_threshold": 2`) {
+		t.Fatalf("list --json: %v\n%s", err, out)
 	}
 	if out, err := run("unload", ver[:len("mine@")+10]); err == nil || !strings.Contains(err.Error(), "409") ||
 		!strings.Contains(out, `"code": "policy_in_use"`) || !strings.Contains(out, "active for qwen3") {
@@ -122,7 +127,7 @@ func TestServeAndPolicyCommands(t *testing.T) {
 	if out, err := run("unload", ver[:len("mine@")+10]); err != nil || out != "{\n  \"version\": \""+ver+"\",\n  \"unloaded\": true\n}\n" {
 		t.Fatalf("unload: %v\n%s", err, out)
 	}
-	if out, err := run("list"); err != nil || strings.Contains(out, ver) {
+	if out, err := run("list"); err != nil || strings.Contains(out, "mine@") || !strings.Contains(out, "three-tier@") {
 		t.Fatalf("list after unload: %v\n%s", err, out)
 	}
 	if out, err := run("unload", ver); err == nil || !strings.Contains(err.Error(), "404") || !strings.Contains(out, `"code": "policy_not_found"`) {
