@@ -50,7 +50,8 @@ type recFIFO struct {
 type recordCache struct {
 	mu    sync.Mutex
 	holds map[recKey][]recHold
-	fifo  []recFIFO // in insertion order, for the lazy sweep and the bound
+	fifo  []recFIFO // in insertion order from head on, for the lazy sweep and the bound
+	head  int       // fifo[:head] is swept
 	n     int       // holds in the map
 	now   func() time.Time
 }
@@ -83,20 +84,28 @@ func (c *recordCache) record(model string, ep EndpointID, keys []BlockKey, exp t
 		}
 		c.fifo = append(c.fifo, recFIFO{rk, exp})
 	}
-	for c.n > maxSharedRecords && len(c.fifo) > 0 {
-		c.drop(c.fifo[0].k, time.Time{}, true)
-		c.fifo = c.fifo[1:]
+	for c.n > maxSharedRecords && c.head < len(c.fifo) {
+		c.drop(c.fifo[c.head].k, time.Time{}, true)
+		c.head++
 	}
+	c.compact()
 }
 
 // sweep drops expired holds from the FIFO's front.
 func (c *recordCache) sweep(now time.Time) {
-	i := 0
-	for ; i < len(c.fifo) && !c.fifo[i].exp.After(now); i++ {
-		c.drop(c.fifo[i].k, now, false)
+	for ; c.head < len(c.fifo) && !c.fifo[c.head].exp.After(now); c.head++ {
+		c.drop(c.fifo[c.head].k, now, false)
 	}
-	if i > 0 {
-		c.fifo = append(c.fifo[:0:0], c.fifo[i:]...)
+	c.compact()
+}
+
+// compact moves the FIFO's live part to the front once the swept part is over half of it (amortized O(1)
+// per entry).
+func (c *recordCache) compact() {
+	if c.head > 1024 && c.head*2 > len(c.fifo) {
+		n := copy(c.fifo, c.fifo[c.head:])
+		c.fifo = c.fifo[:n]
+		c.head = 0
 	}
 }
 
