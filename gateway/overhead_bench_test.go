@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"syscall"
@@ -36,6 +37,10 @@ func BenchmarkOverheadRedis(b *testing.B) {
 func benchOverhead(b *testing.B, storeYAML string) {
 	engines := startSims(b, 4, func(c *sim.Config) { c.TimeScale = 0 })
 	g := startGateway(b, gwYAML(simEndpointsYAML(engines, 1024), storeYAML))
+	if os.Getenv("KVGATE_BENCH_ACCESS_LOG") == "1" { // the same gateway writing its info log (an access line per request)
+		var logs logBuffer
+		g = startGatewayLog(b, gwYAML(simEndpointsYAML(engines, 1024), storeYAML), &logs)
+	}
 	var sys strings.Builder
 	for i := 0; sys.Len() < 7000; i++ {
 		fmt.Fprintf(&sys, "Policy %d: be precise, cite section %d, and keep answers short. ", i, i*3)

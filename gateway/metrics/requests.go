@@ -15,7 +15,7 @@ type RequestMetrics struct {
 	// kvgate_inter_token_latency_seconds.
 	ITL *prometheus.HistogramVec
 	// Duration observes the time from a request's arrival to the end of its response (the last byte of a
-	// stream), for every request an endpoint answered, whatever the status, in seconds:
+	// stream), for every request routed to an endpoint, whatever the status, in seconds:
 	// kvgate_request_duration_seconds.
 	Duration *prometheus.HistogramVec
 	// UsagePrompt, UsageCached and UsageCompletion add the engine's usage of each answered request:
@@ -39,7 +39,7 @@ func newRequestMetrics(r *prometheus.Registry) *RequestMetrics {
 		ITL: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_inter_token_latency_seconds",
 			Help: "Mean time between tokens of one streamed request (observed once per request).", Buckets: itlBuckets}, l),
 		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvgate_request_duration_seconds",
-			Help: "Request arrival to the end of its response, for requests an endpoint answered.", Buckets: durationBuckets}, l),
+			Help: "Request arrival to the end of its response, for requests routed to an endpoint.", Buckets: durationBuckets}, l),
 		UsagePrompt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_usage_prompt_tokens_total",
 			Help: "Prompt tokens the engines reported (usage.prompt_tokens)."}, l),
 		UsageCached: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_usage_cached_tokens_total",
