@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -448,4 +449,42 @@ func steadyTraffic(gws []*Gateway, workers int, stop <-chan struct{}) (*trafficC
 		})
 	}
 	return c, &wg
+}
+
+// Reload (what SIGHUP calls) applies the file at once; a file that does not parse changes nothing and is
+// reported in /readyz until a good one is read.
+func TestEndpointsReloadOnDemand(t *testing.T) {
+	engines := startSims(t, 2, nil)
+	path := filepath.Join(t.TempDir(), "kvgate.yaml")
+	writeFile(t, path, gwYAML(epYAML("e0", engines[0]), "config_watch_interval: 1h\n"))
+	g := startGatewayFile(t, path)
+	writeFile(t, path, gwYAML(epYAML("e0", engines[0])+epYAML("e1", engines[1]), "config_watch_interval: 1h\n"))
+	time.Sleep(300 * time.Millisecond)
+	if s := states(listEndpoints(t, g)); s != "e0:active+routed" {
+		t.Fatalf("changed without a reload: %s", s)
+	}
+	if err := g.Reload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := states(listEndpoints(t, g)); s != "e0:active+routed e1:active+routed" {
+		t.Fatalf("after Reload: %s", s)
+	}
+	writeFile(t, path, "models: [\n")
+	var ce *config.Error
+	if err := g.Reload(context.Background()); !errors.As(err, &ce) {
+		t.Fatalf("reload of a broken file: %v", err)
+	}
+	if d := readyEndpoints(t, g); d["reload_error"] == nil || states(listEndpoints(t, g)) != "e0:active+routed e1:active+routed" {
+		t.Fatalf("after a broken file: %v, %s", d, states(listEndpoints(t, g)))
+	}
+	writeFile(t, path, gwYAML(epYAML("e1", engines[1]), "config_watch_interval: 1h\n"))
+	if err := g.Reload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := readyEndpoints(t, g); d["reload_error"] != nil {
+		t.Fatalf("reload error kept: %v", d)
+	}
+	if !waitFor(5*time.Second, func() bool { return states(listEndpoints(t, g)) == "e1:active+routed" }) {
+		t.Fatalf("e0 not removed: %s", states(listEndpoints(t, g)))
+	}
 }
