@@ -11,6 +11,7 @@ import (
 )
 
 // TestDataParallelLoadPerEngine: with two data-parallel ranks and --max-num-seqs 1, three long requests
+// (prompts of several whole blocks, so the running one holds KV blocks from its first step)
 // pinned to rank 1 show as rank 1's series (engine="1": 1 running, 2 waiting) while rank 0's (engine="0")
 // stay at 0, as vLLM labels each engine core; the ranks' series exist from the start.
 func TestDataParallelLoadPerEngine(t *testing.T) {
@@ -24,7 +25,7 @@ func TestDataParallelLoadPerEngine(t *testing.T) {
 	for i := range 3 {
 		wg.Go(func() {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e.HTTPAddr()+"/v1/completions",
-				strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":4000,"prompt":"busy %d"}`, i)))
+				strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":4000,"prompt":"%d %s"}`, i, strings.Repeat("busy ", 64))))
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set(DataParallelRankHeader, "1")
 			if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -43,7 +44,8 @@ func TestDataParallelLoadPerEngine(t *testing.T) {
 			t.Fatalf("%s = %v, want 0 (rank 0 is idle)", s, v)
 		}
 	}
-	if v := metric(t, e, `vllm:kv_cache_usage_perc{engine="1",model_name="m"}`); v <= 0 {
-		t.Fatalf("rank 1's KV-cache usage %v, want > 0", v)
-	}
+	// The running request's blocks count once its prefill has computed tokens (a step after admission).
+	waitFor(t, "rank 1's KV-cache usage above 0", func() bool {
+		return metric(t, e, `vllm:kv_cache_usage_perc{engine="1",model_name="m"}`) > 0
+	})
 }
