@@ -458,6 +458,9 @@ func TestEndpointsReloadOnDemand(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kvgate.yaml")
 	writeFile(t, path, gwYAML(epYAML("e0", engines[0]), "config_watch_interval: 1h\n"))
 	g := startGatewayFile(t, path)
+	if !waitFor(10*time.Second, func() bool { return states(listEndpoints(t, g)) == "e0:active+routed" }) {
+		t.Fatalf("at start: %s", states(listEndpoints(t, g)))
+	}
 	writeFile(t, path, gwYAML(epYAML("e0", engines[0])+epYAML("e1", engines[1]), "config_watch_interval: 1h\n"))
 	time.Sleep(300 * time.Millisecond)
 	if s := states(listEndpoints(t, g)); s != "e0:active+routed" {
