@@ -1,5 +1,6 @@
 // Package server is the gateway's HTTP front: a Fiber v2 app serving the OpenAI API (POST
-// /v1/chat/completions, POST /v1/completions, GET /v1/models), /healthz, /readyz and /metrics, with one auth
+// /v1/chat/completions, POST /v1/completions, GET /v1/models; surface.go: GET /v1/models/{id}, POST
+// /v1/responses, POST /v1/embeddings, vLLM's POST /tokenize and /detokenize), /healthz, /readyz and /metrics, with one auth
 // middleware in front of every route and the admin API mounted under /admin/v1 (gateway/admin). A generation
 // request is planned and reserved by gateway/route, forwarded by gateway/upstream, streamed back event by
 // event, and its lease released when the response ends or the client goes away.
