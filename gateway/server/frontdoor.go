@@ -403,6 +403,11 @@ var (
 	markRespIncomplete = []byte("event: response.incomplete")
 	markRespFailed     = []byte("event: response.failed")
 	markRespError      = []byte("event: error")
+	// The same in the data line, for a server that sends no event lines.
+	markRespDoneData = [][]byte{[]byte(`"type":"response.completed"`), []byte(`"type": "response.completed"`),
+		[]byte(`"type":"response.incomplete"`), []byte(`"type": "response.incomplete"`)}
+	markRespErrData = [][]byte{[]byte(`"type":"response.failed"`), []byte(`"type": "response.failed"`),
+		[]byte(`"type":"error"`), []byte(`"type": "error"`)}
 )
 
 func (s *streamScan) scan(b []byte) {
@@ -429,6 +434,12 @@ func (s *streamScan) look(b []byte) {
 	if s.responses {
 		s.sawFinish = s.sawFinish || bytes.Contains(b, markRespDone) || bytes.Contains(b, markRespIncomplete)
 		s.sawError = s.sawError || bytes.Contains(b, markRespFailed) || bytes.Contains(b, markRespError)
+		for _, m := range markRespDoneData {
+			s.sawFinish = s.sawFinish || bytes.Contains(b, m)
+		}
+		for _, m := range markRespErrData {
+			s.sawError = s.sawError || bytes.Contains(b, m)
+		}
 	}
 }
 
