@@ -73,6 +73,7 @@ type tokenStatus struct {
 		GatewayTokens []uint32 `json:"gateway_tokens"`
 		EngineTokens  []uint32 `json:"engine_tokens"`
 	} `json:"last_mismatch"`
+	WithdrawnBy string `json:"withdrawn_by"`
 }
 
 func readyTokens(t testing.TB, g *Gateway) map[string]tokenStatus {
@@ -285,7 +286,8 @@ func TestDriftGuard(t *testing.T) {
 		t.Fatalf("verified engine tokenized %d more prompts", n-4)
 	}
 
-	// 3. Drift raised while verified: requests keep succeeding; a sampled check catches it.
+	// 3. Drift raised while verified: requests keep succeeding; a sampled check catches it (WithdrawnBy:
+	// the probe rounds that follow replace LastMismatch).
 	before := mismatches()
 	setDrift(true)
 	sent := 0
@@ -298,7 +300,7 @@ func TestDriftGuard(t *testing.T) {
 		t.Fatal("sampled checks never caught the drift")
 	}
 	st = readyTokens(t, g)["e0"]
-	if mismatches() <= before || st.LastMismatch == nil || st.LastMismatch.Check != "sample" {
+	if mismatches() <= before || st.LastMismatch == nil || st.WithdrawnBy != "sample" {
 		t.Fatalf("after drift: %+v, mismatches %v (before %v)", st, mismatches(), before)
 	}
 	tok := e.PromptsTokenized()

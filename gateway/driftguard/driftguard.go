@@ -119,6 +119,10 @@ type Status struct {
 	LastMismatch *Mismatch `json:"last_mismatch,omitempty"`
 	// LastError is the latest check that could not compare ("" after a successful check).
 	LastError string `json:"last_error,omitempty"`
+	// WithdrawnBy names the check that last took token IDs away from the endpoint while it was verified
+	// ("sample" or "probe:<name>"; "" if it never was): later probe rounds of the unverified endpoint
+	// replace LastMismatch, this stays.
+	WithdrawnBy string `json:"withdrawn_by,omitempty"`
 }
 
 type state struct {
@@ -340,6 +344,9 @@ func (g *Guard) record(s *state, check string, gw, engine []uint32, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.Checks++
+	if s.allow.Load() && (err != nil || (gw != nil && !equal(gw, engine))) {
+		s.st.WithdrawnBy = check
+	}
 	switch {
 	case err != nil:
 		g.checks.WithLabelValues(s.ep.ID, "error").Inc()
