@@ -167,7 +167,11 @@ func TestTPUSlicesQuarantinedAfterEmptyRestart(t *testing.T) {
 		return ss[0].(map[string]any)
 	}
 	var s map[string]any
-	if !waitFor(10*time.Second, func() bool { s = slice(); return s != nil && len(s["leases"].([]any)) == 1 }) {
+	if !waitFor(10*time.Second, func() bool {
+		// register, quarantine lease and the unhealthy host's re-mark are three writes: wait for all of them
+		s = slice()
+		return s != nil && len(s["leases"].([]any)) == 1 && s["unhealthy_chips"] == 4.0
+	}) {
 		t.Fatalf("the slice never came back quarantined (through b): %v", s)
 	}
 	q := s["leases"].([]any)[0].(map[string]any)
