@@ -18,8 +18,9 @@ type recordingIndex struct {
 }
 
 func (r recordingIndex) Record(ctx context.Context, model string, ep kvstore.EndpointID, keys []kvstore.BlockKey, ttl time.Duration) error {
+	err := r.MemoryIndex.Record(ctx, model, ep, keys, ttl) // written before the test hears of it
 	r.got <- slices.Clone(keys)
-	return r.MemoryIndex.Record(ctx, model, ep, keys, ttl)
+	return err
 }
 
 // Record writes only the keys past the matched GPU prefix for an endpoint whose events feed the index, and
