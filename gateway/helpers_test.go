@@ -71,8 +71,19 @@ func simEndpointsYAML(engines []*sim.Engine, maxReq int) string {
 	return b.String()
 }
 
-// startGateway starts a gateway on a loopback port from YAML; the admin token is "admintok".
+// startGateway starts a gateway on a loopback port from YAML; the admin token is "admintok". Its logs go to
+// stderr (warn, or info with -v).
 func startGateway(t testing.TB, yaml string) *Gateway {
+	t.Helper()
+	logLevel := slog.LevelWarn
+	if testing.Verbose() {
+		logLevel = slog.LevelInfo
+	}
+	return startGatewayTo(t, yaml, os.Stderr, logLevel)
+}
+
+// startGatewayTo is startGateway with the gateway's JSON logs at level written to w.
+func startGatewayTo(t testing.TB, yaml string, w io.Writer, level slog.Level) *Gateway {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
@@ -83,13 +94,9 @@ func startGateway(t testing.TB, yaml string) *Gateway {
 		t.Fatal(err)
 	}
 	env := map[string]string{"KVGATE_ADMIN_TOKEN": "admintok", "KVGATE_TEST_KEYS": "ck1,ck2"}
-	logLevel := slog.LevelWarn
-	if testing.Verbose() {
-		logLevel = slog.LevelInfo
-	}
 	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
 		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache,
-		Log: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))})
+		Log: slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/openai/openai-go/option"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
-	"github.com/kvgate/kvgate/gateway/config"
 )
 
 // logBuffer collects a gateway's JSON log lines.
@@ -62,27 +61,7 @@ next:
 // startGatewayLog is startGateway with the gateway's logs (level info) written to logs.
 func startGatewayLog(t testing.TB, yaml string, logs *logBuffer) *Gateway {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{"KVGATE_ADMIN_TOKEN": "admintok", "KVGATE_TEST_KEYS": "ck1,ck2"}
-	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
-		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache,
-		Log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		g.Close(ctx)
-	})
-	return g
+	return startGatewayTo(t, yaml, logs, slog.LevelInfo)
 }
 
 // recordingProxy is a real HTTP reverse proxy in front of an engine that records the X-Request-Id of every
