@@ -54,7 +54,12 @@ func kvDecode(in io.Reader, out io.Writer, indent bool) error {
 	if err != nil {
 		return fmt.Errorf("kv decode: %w", err)
 	}
-	js, err := json.Marshal(b)
+	return writeJSONLine(out, b, indent)
+}
+
+// writeJSONLine writes v as one JSON line (indented over several lines when indent is set).
+func writeJSONLine(out io.Writer, v any, indent bool) error {
+	js, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -101,18 +99,7 @@ func kvTail(ctx context.Context, addr, topic string, count int, indent bool, out
 		} else {
 			line.Batch = &b
 		}
-		js, err := json.Marshal(line)
-		if err != nil {
-			return err
-		}
-		var buf bytes.Buffer
-		if indent {
-			_ = json.Indent(&buf, js, "", "  ")
-		} else {
-			buf.Write(js)
-		}
-		buf.WriteByte('\n')
-		if _, err := out.Write(buf.Bytes()); err != nil {
+		if err := writeJSONLine(out, line, indent); err != nil {
 			return err
 		}
 	}
