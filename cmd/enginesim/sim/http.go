@@ -90,6 +90,18 @@ func readBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
+// readJSON reads the request body (readBody) and decodes it into v; errors are a 400 RequestError.
+func readJSON(r *http.Request, v any) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequest("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
 // resolveModel maps a request's model (and optional "lora" field) to the served name it answers as and
 // the LoRA adapter, accepting "<served>", "<lora>" and "<served>:<lora>". A LoRA name is accepted when it
 // is listed in LoRAModules or when none are listed. Unknown models and adapters are a 404 RequestError.

@@ -109,14 +109,9 @@ func responsesMessages(req *responsesRequest) ([]respMessage, error) {
 }
 
 func (e *Engine) handleResponses(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		e.reject(w, err)
-		return
-	}
 	var req responsesRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		e.reject(w, badRequest("invalid JSON body: %v", err))
+	if err := readJSON(r, &req); err != nil {
+		e.reject(w, err)
 		return
 	}
 	msgs, err := responsesMessages(&req)
@@ -300,19 +295,14 @@ func (rs *respState) stream(r *http.Request, notify chan struct{}) {
 }
 
 func (e *Engine) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		e.reject(w, err)
-		return
-	}
 	var req struct {
 		Model          string          `json:"model"`
 		Input          json.RawMessage `json:"input"`
 		EncodingFormat string          `json:"encoding_format"`
 		Dimensions     *int            `json:"dimensions"`
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		e.reject(w, badRequest("invalid JSON body: %v", err))
+	if err := readJSON(r, &req); err != nil {
+		e.reject(w, err)
 		return
 	}
 	name, _, err := e.resolveModel(req.Model, "")
