@@ -11,6 +11,10 @@ type Update struct {
 	Tier     Tier
 	Remove   bool
 	Keys     []BlockKey
+	// Families, when it has one entry per key, gives each key's Family (layout 2 of the Redis index files a
+	// block under its chain's family; the ingester knows it). Without it each key is taken as its own
+	// chain's block 0 (FamilyOf(key)). The memory index and Redis layout 1 ignore it.
+	Families []Family
 }
 
 // Batcher is Index's Apply on its own (Index includes it; kept for callers that need only Apply).
@@ -67,6 +71,10 @@ func (r *RedisIndex) apply(ctx context.Context, f *Fence, op string, model strin
 	if err := checkUpdates(model, updates); err != nil {
 		return err
 	}
+	mode := r.layoutNow(ctx)
+	if mode == modeV2 {
+		return r.applyV2(ctx, f, op, model, updates)
+	}
 	var calls []scriptCall
 	for _, u := range updates {
 		for i := 0; i < len(u.Keys); i += writeSlice {
@@ -87,6 +95,9 @@ func (r *RedisIndex) apply(ctx context.Context, f *Fence, op string, model strin
 	}
 	if err := r.runScripts(ctx, calls); err != nil {
 		return redisErr(op, err)
+	}
+	if mode == modeDual {
+		return r.applyV2(ctx, f, op, model, updates)
 	}
 	return nil
 }

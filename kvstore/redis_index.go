@@ -34,6 +34,12 @@ type RedisConfig struct {
 	// Longer ones are written into Redis. 0 means DefaultSharedRecordMaxTTL; negative: every Record is
 	// written into Redis (the layout-v1 behaviour of earlier releases).
 	SharedRecordMaxTTL time.Duration
+	// IndexLayout selects the index's key layout (RATIONALE.md, "Redis layout 2"): 1 is layout 1 only (what
+	// releases before layout 2 run), 2 is layout 2 only, and 0 follows the store's index-layout marker
+	// (<Prefix>:v1:index-layout): until it says 2 (FinishLayoutUpgrade) the index is in the upgrade window —
+	// Match reads layout 1 and every write goes to both layouts, so gateways of an older release and this
+	// one find each other's entries — and from then on layout 2 only.
+	IndexLayout int
 }
 
 func (c RedisConfig) base() (string, error) {
@@ -43,6 +49,9 @@ func (c RedisConfig) base() (string, error) {
 	}
 	if strings.ContainsAny(p, "{}") {
 		return "", fmt.Errorf("kvstore: redis prefix %q contains a hash-tag brace: %w", p, ErrInvalidArgument)
+	}
+	if c.IndexLayout < 0 || c.IndexLayout > 2 {
+		return "", fmt.Errorf("kvstore: redis index layout %d (want 0, 1 or 2): %w", c.IndexLayout, ErrInvalidArgument)
 	}
 	return p + ":" + LayoutVersion + ":", nil
 }
@@ -97,6 +106,7 @@ type RedisIndex struct {
 	// bus keeps speculative records of up to recMax out of Redis (nil: SharedRecordMaxTTL < 0).
 	bus    *recordBus
 	recMax time.Duration
+	v2State
 }
 
 var _ Index = (*RedisIndex)(nil)
@@ -114,6 +124,8 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 		single = false
 	}
 	r := &RedisIndex{c: client, base: base, single: single, epCap: max(cfg.MaxEntriesPerEndpoint, 0)}
+	r.base2 = strings.TrimSuffix(base, LayoutVersion+":") + "v2:"
+	r.layout = cfg.IndexLayout
 	if cfg.SharedRecordMaxTTL >= 0 {
 		r.recMax = cfg.SharedRecordMaxTTL
 		if r.recMax == 0 {
@@ -180,6 +192,9 @@ const matchChunk = 4000
 func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	if len(keys) == 0 || model == "" {
 		return nil, nil
+	}
+	if r.layoutNow(ctx) == modeV2 {
+		return r.matchV2(ctx, model, keys)
 	}
 	var local []string // the shared speculative records' live holds, per key, as block-value records
 	var localAt func(now int64) []string
@@ -459,6 +474,12 @@ func (r *RedisIndex) Record(ctx context.Context, model string, ep EndpointID, ke
 		return nil
 	}
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
+	mode := r.layoutNow(ctx)
+	if mode != modeV1 {
+		if err := r.recordV2(ctx, model, ep, keys, int64(ms)); err != nil || mode == modeV2 {
+			return err
+		}
+	}
 	mp := r.modelPrefix(model)
 	var calls []scriptCall
 	for i := 0; i < len(keys); i += writeSlice {
@@ -505,10 +526,18 @@ func (r *RedisIndex) clearEndpoint(ctx context.Context, f *Fence, model string, 
 	if err := checkNames("clear endpoint", model, ep); err != nil {
 		return err
 	}
-	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
-	if err := r.sliced(ctx, "clear endpoint", s, names, args); err != nil {
-		return err
+	mode := r.layoutNow(ctx)
+	if mode != modeV2 {
+		mp := r.modelPrefix(model)
+		s, names, args := r.fencedCall(model, f, scriptIndexClear, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+		if err := r.sliced(ctx, "clear endpoint", s, names, args); err != nil {
+			return err
+		}
+	}
+	if mode != modeV1 {
+		if err := r.clearEndpointV2(ctx, f, model, ep); err != nil {
+			return err
+		}
 	}
 	if r.bus != nil { // the shared speculative records of ep go too, here and in the other gateways
 		r.bus.cache.clearEndpoint(model, ep)
@@ -529,9 +558,18 @@ func (r *RedisIndex) clearConfirmed(ctx context.Context, f *Fence, model string,
 	if err := checkNames("clear confirmed", model, ep); err != nil {
 		return err
 	}
-	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
-	return r.sliced(ctx, "clear confirmed", s, names, args)
+	mode := r.layoutNow(ctx)
+	if mode != modeV2 {
+		mp := r.modelPrefix(model)
+		s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+		if err := r.sliced(ctx, "clear confirmed", s, names, args); err != nil {
+			return err
+		}
+	}
+	if mode == modeV1 {
+		return nil
+	}
+	return r.slicedV2(ctx, "clear confirmed", f, model, ep, scriptIndex2ClearConfirmed)
 }
 
 // Demote implements Demoter, in slices of clearSlice blocks (one EVALSHA each), visiting only the blocks on
@@ -549,8 +587,17 @@ func (r *RedisIndex) demote(ctx context.Context, f *Fence, model string, ep Endp
 		return fmt.Errorf("kvstore: demote: ttl %v: %w", ttl, ErrInvalidArgument)
 	}
 	ms := (ttl + time.Millisecond - 1) / time.Millisecond
-	mp := r.modelPrefix(model)
-	s, names, args := r.fencedCall(model, f, scriptIndexDemote, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)},
-		[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:", clearSlice})
-	return r.sliced(ctx, "demote", s, names, args)
+	mode := r.layoutNow(ctx)
+	if mode != modeV2 {
+		mp := r.modelPrefix(model)
+		s, names, args := r.fencedCall(model, f, scriptIndexDemote, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)},
+			[]any{string(ep), strconv.FormatInt(int64(ms), 10), mp + "b:", clearSlice})
+		if err := r.sliced(ctx, "demote", s, names, args); err != nil {
+			return err
+		}
+	}
+	if mode == modeV1 {
+		return nil
+	}
+	return r.slicedV2(ctx, "demote", f, model, ep, scriptIndex2Demote, int64(ms))
 }

@@ -20,16 +20,27 @@ var prefixSeq atomic.Int64
 // freshPrefix gives each subtest its own key space on a shared server.
 func freshPrefix() string { return fmt.Sprintf("t%d", prefixSeq.Add(1)) }
 
+// indexLayouts are the RedisConfig.IndexLayout values the suites run with: layout 1 (what older releases
+// run), layout 2, and 0 with no marker in the store (the upgrade window: layout 1 read, both written).
+var indexLayouts = []struct {
+	name   string
+	layout int
+}{{"Layout1", 1}, {"Layout2", 2}, {"UpgradeWindow", 0}}
+
 func TestRedisIndexConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	conformance.RunIndex(t, func(t *testing.T) kvstore.Index {
-		idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return idx
-	})
+	for _, l := range indexLayouts {
+		t.Run(l.name, func(t *testing.T) {
+			conformance.RunIndex(t, func(t *testing.T) kvstore.Index {
+				idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix(), IndexLayout: l.layout})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return idx
+			})
+		})
+	}
 }
 
 func TestRedisIndexSurvivesScriptFlush(t *testing.T) {
@@ -132,17 +143,27 @@ func TestApplyMatchesOneByOne(t *testing.T) {
 func TestRedisIndexEndpointCapConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	conformance.RunEndpointCap(t, func(t *testing.T, perEndpoint int) kvstore.Index {
-		p := freshPrefix()
-		idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: p, MaxEntriesPerEndpoint: perEndpoint})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if n := c.SCard(context.Background(), p+":"+kvstore.LayoutVersion+":{m}:e:small").Val(); n != 10 {
-				t.Errorf("small endpoint's reverse SET has %d members, want 10", n)
-			}
+	for _, l := range indexLayouts {
+		t.Run(l.name, func(t *testing.T) {
+			conformance.RunEndpointCap(t, func(t *testing.T, perEndpoint int) kvstore.Index {
+				p := freshPrefix()
+				idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: p, MaxEntriesPerEndpoint: perEndpoint, IndexLayout: l.layout})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if l.layout == 2 {
+						if n := c.Get(context.Background(), p+":v2:{m}:n:small").Val(); n != "10" {
+							t.Errorf("small endpoint's count is %q, want 10", n)
+						}
+						return
+					}
+					if n := c.SCard(context.Background(), p+":"+kvstore.LayoutVersion+":{m}:e:small").Val(); n != 10 {
+						t.Errorf("small endpoint's reverse SET has %d members, want 10", n)
+					}
+				})
+				return idx
+			})
 		})
-		return idx
-	})
+	}
 }

@@ -313,3 +313,26 @@ func (b *recordBus) apply(p []byte) {
 		b.cache.clearEndpoint(m.model, m.ep)
 	}
 }
+
+// liveHolders returns, per key, the endpoints with a live hold now (this process's clock); nil when none of
+// the keys has one. Layout 2's Match merges them with what Redis holds.
+func (c *recordCache) liveHolders(model string, keys []BlockKey) [][]EndpointID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.holds) == 0 {
+		return nil
+	}
+	now := c.now()
+	var out [][]EndpointID
+	for i, k := range keys {
+		for _, h := range c.holds[recKey{model, k}] {
+			if h.exp.After(now) {
+				if out == nil {
+					out = make([][]EndpointID, len(keys))
+				}
+				out[i] = append(out[i], h.ep)
+			}
+		}
+	}
+	return out
+}

@@ -23,13 +23,20 @@ import (
 type IndexFactory func(t *testing.T) kvstore.Index
 
 // keys returns n distinct block keys for a test chain (derived from the real Hasher, so they look like
-// production keys).
+// production keys), each carrying its chain's kvstore.Family in its own top kvstore.FamilyBits bits. The
+// suite's writes pass no Update.Families, so a key is its own family's witness (kvstore.FamilyOf(key)) and
+// these keys keep a chain in one family, as ingestion's Families do for real chains.
 func keys(seed uint64, n int) []kvstore.BlockKey {
 	toks := make([]uint32, n*4)
 	for i := range toks {
 		toks[i] = uint32(i)
 	}
-	return kvstore.Hasher{Seed: seed}.Keys(toks, 4, kvstore.ExtraKeys{})
+	ks := kvstore.Hasher{Seed: seed}.Keys(toks, 4, kvstore.ExtraKeys{})
+	const low = ^kvstore.BlockKey(0) >> kvstore.FamilyBits
+	for i := range ks {
+		ks[i] = ks[i]&low | ks[0]&^low
+	}
+	return ks
 }
 
 func sorted(ms []kvstore.EndpointMatch) []kvstore.EndpointMatch {

@@ -1,0 +1,803 @@
+package kvstore
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Layout 2 of the Redis index (RATIONALE.md, "Redis layout 2"). With base2 = "<Prefix>:v2:":
+//
+//	<base2>{<fff>:<model>}:h:<endpoint>  HASH  the endpoint's blocks of prompt family fff (3 hex digits):
+//	                                           field <8-byte block key, big-endian> = 1 byte of tier bits,
+//	                                           written by the endpoint's ingester with plain HSET/HDEL;
+//	                                           field <8-byte key>"s" = a hold's expiry (server ms, decimal),
+//	                                           written by scripts (Record above SharedRecordMaxTTL, Demote)
+//	<base2>{<model>}:eps                 SET   endpoints with entries under model (read by Match, cached 1 s)
+//	<base2>{<model>}:fh:<endpoint>       SET   families (3 hex) where the endpoint has a HASH (for clears)
+//	<base2>{<model>}:n:<endpoint>        STRING the endpoint's confirmed entries (for the per-endpoint cap)
+//
+// The fence of an ingestion scope stays layout 1's key (<Prefix>:v1:{<model>}:f:<scope>, the model slot),
+// so gateways of both layouts share fences during a rolling upgrade.
+
+const (
+	// indexLayoutMarker is the store's index-layout marker, "<Prefix>:v1:index-layout": "2" once the
+	// operator has finished a rolling upgrade (see RedisConfig.IndexLayout).
+	indexLayoutMarker = "index-layout"
+	// v2ReadChunk is the most blocks one HMGET of Match reads (two fields each).
+	v2ReadChunk = 512
+	// v2WriteChunk is the most fields one HSET or HDEL of a write carries.
+	v2WriteChunk = 1024
+	// v2ScanCount is the HSCAN COUNT of one clear or demote slice.
+	v2ScanCount = 128
+	// v2FamilyBatch is how many families one round trip of a clear or demote works on.
+	v2FamilyBatch = 32
+)
+
+var (
+	//go:embed scripts/index2_lib.lua
+	luaIndex2Lib string
+	//go:embed scripts/index2_record.lua
+	luaIndex2Record string
+	//go:embed scripts/index2_demote.lua
+	luaIndex2Demote string
+	//go:embed scripts/index2_clear_confirmed.lua
+	luaIndex2ClearConfirmed string
+	//go:embed scripts/index2_evict.lua
+	luaIndex2Evict string
+
+	scriptIndex2Record         = redis.NewScript(luaIndex2Lib + luaIndex2Record)
+	scriptIndex2Demote         = redis.NewScript(luaIndex2Lib + luaIndex2Demote)
+	scriptIndex2ClearConfirmed = redis.NewScript(luaIndex2Lib + luaIndex2ClearConfirmed)
+	scriptIndex2Evict          = redis.NewScript(luaIndex2Evict)
+	index2Scripts              = []*redis.Script{scriptIndex2Record, scriptIndex2Demote, scriptIndex2ClearConfirmed, scriptIndex2Evict}
+)
+
+// index layouts in effect (RedisIndex.layoutNow).
+const (
+	modeV1   = 1 // layout 1 only
+	modeV2   = 2 // layout 2 only
+	modeDual = 3 // upgrade window: Match reads layout 1, writes go to both
+)
+
+// layoutNow returns the layout in effect: the configured one, or (IndexLayout 0) the store marker's, read
+// at the first call and then at most once a second in the background.
+func (r *RedisIndex) layoutNow(ctx context.Context) int {
+	switch r.layout {
+	case 1:
+		return modeV1
+	case 2:
+		return modeV2
+	}
+	r.lmu.Lock()
+	if r.lmode == 0 {
+		r.lmu.Unlock()
+		r.readMarker(ctx)
+		r.lmu.Lock()
+	} else if !r.lreading && time.Since(r.lread) > time.Second {
+		r.lreading = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			r.readMarker(ctx)
+		}()
+	}
+	m := r.lmode
+	r.lmu.Unlock()
+	if m == 0 {
+		return modeDual // unreadable marker: the safe side of the upgrade
+	}
+	return m
+}
+
+func (r *RedisIndex) readMarker(ctx context.Context) {
+	v, err := r.c.Get(ctx, r.base+indexLayoutMarker).Result()
+	r.lmu.Lock()
+	defer r.lmu.Unlock()
+	r.lreading = false
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return // keep what was in effect; retried after a second
+	}
+	r.lread = time.Now()
+	if v == "2" {
+		r.lmode = modeV2
+	} else if r.lmode != modeV2 { // never back: the marker is only raised
+		r.lmode = modeDual
+	}
+}
+
+// IndexLayoutKeyName returns the store's index-layout marker key ("<Prefix>:v1:index-layout").
+func (r *RedisIndex) IndexLayoutKeyName() string { return r.base + indexLayoutMarker }
+
+// FinishLayoutUpgrade sets the store's index-layout marker to 2: gateways following it (IndexLayout 0)
+// read and write layout 2 only from their next check (within a second). Run it once no gateway of a
+// release before layout 2 uses the store (RATIONALE.md, "Rolling upgrade to layout 2").
+func (r *RedisIndex) FinishLayoutUpgrade(ctx context.Context) error {
+	if err := r.c.Set(ctx, r.base+indexLayoutMarker, "2", 0).Err(); err != nil {
+		return fmt.Errorf("kvstore: redis finish layout upgrade: %w", err)
+	}
+	r.lmu.Lock()
+	r.lmode, r.lread = modeV2, time.Now()
+	r.lmu.Unlock()
+	return nil
+}
+
+func familyHex(f Family) string {
+	const hexd = "0123456789abcdef"
+	return string([]byte{hexd[f>>8&0xf], hexd[f>>4&0xf], hexd[f&0xf]})
+}
+
+// v2Hash returns the name of ep's family HASH for family f under model.
+func (r *RedisIndex) v2Hash(model string, f Family, ep EndpointID) string {
+	return r.base2 + "{" + familyHex(f) + ":" + model + "}:h:" + string(ep)
+}
+
+func (r *RedisIndex) v2HashHex(model, fhex string, ep EndpointID) string {
+	return r.base2 + "{" + fhex + ":" + model + "}:h:" + string(ep)
+}
+
+// v2Model returns a layout-2 key in model's own slot (the slot of the layout-1 fence keys).
+func (r *RedisIndex) v2Model(model, name string) string { return r.base2 + "{" + model + "}:" + name }
+
+// FamilyHashName returns the layout-2 HASH of ep's blocks of family f under model (for tests and operators).
+func (r *RedisIndex) FamilyHashName(model string, f Family, ep EndpointID) string {
+	return r.v2Hash(model, f, ep)
+}
+
+func keyField(k BlockKey) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(k))
+	return string(b[:])
+}
+
+func holdField(k BlockKey) string {
+	var b [9]byte
+	binary.BigEndian.PutUint64(b[:], uint64(k))
+	b[8] = 's'
+	return string(b[:])
+}
+
+// v2Eps is Match's cache of a model's endpoint registry.
+type v2Eps struct {
+	eps []EndpointID
+	at  time.Time
+}
+
+// v2Endpoints returns the endpoints with entries under model: the registry SET, read again when the copy
+// is older than a second, plus those this index wrote since.
+func (r *RedisIndex) v2Endpoints(ctx context.Context, model string) ([]EndpointID, error) {
+	r.emu.Lock()
+	c, ok := r.eps[model]
+	r.emu.Unlock()
+	if ok && time.Since(c.at) < time.Second {
+		return c.eps, nil
+	}
+	ms, err := r.c.SMembers(ctx, r.v2Model(model, "eps")).Result()
+	if err != nil {
+		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	eps := make([]EndpointID, len(ms))
+	for i, m := range ms {
+		eps[i] = EndpointID(m)
+	}
+	r.emu.Lock()
+	if r.eps == nil {
+		r.eps = map[string]v2Eps{}
+	}
+	r.eps[model] = v2Eps{eps, time.Now()}
+	r.emu.Unlock()
+	return eps, nil
+}
+
+// noteEndpoint adds ep to the cached registry of model (this index just wrote it to the store).
+func (r *RedisIndex) noteEndpoint(model string, ep EndpointID) {
+	r.emu.Lock()
+	defer r.emu.Unlock()
+	c, ok := r.eps[model]
+	if !ok {
+		return
+	}
+	for _, e := range c.eps {
+		if e == ep {
+			return
+		}
+	}
+	c.eps = append(append([]EndpointID(nil), c.eps...), ep)
+	r.eps[model] = c
+}
+
+func (r *RedisIndex) forgetEndpoint(model string, ep EndpointID) {
+	r.emu.Lock()
+	defer r.emu.Unlock()
+	delete(r.eps, model)
+}
+
+// matchV2 is Match on layout 2: all reads in the slot of keys[0]'s family. Round 1 pipelines TIME and, per
+// registered endpoint, an HMGET of block 0's two fields; round 2 (only when some endpoint holds block 0)
+// one HMGET per holder of the other blocks' fields, in chunks of v2ReadChunk blocks.
+func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
+	fam := FamilyOf(keys[0])
+	eps, err := r.v2Endpoints(ctx, model)
+	if err != nil {
+		return nil, err
+	}
+	var bus [][]EndpointID // the shared records' live holders per key
+	if r.bus != nil {
+		r.bus.start(r.c)
+		bus = r.bus.cache.liveHolders(model, keys)
+	}
+	if len(eps) == 0 && (bus == nil || len(bus[0]) == 0) {
+		return nil, nil
+	}
+	busHolds := func(i int, ep EndpointID) bool {
+		if bus == nil {
+			return false
+		}
+		for _, e := range bus[i] {
+			if e == ep {
+				return true
+			}
+		}
+		return false
+	}
+	// Round 1.
+	p := r.c.Pipeline()
+	tm := p.Time(ctx)
+	f0, h0 := keyField(keys[0]), holdField(keys[0])
+	first := make([]*redis.SliceCmd, len(eps))
+	for j, ep := range eps {
+		first[j] = p.HMGet(ctx, r.v2Hash(model, fam, ep), f0, h0)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("kvstore: redis match: %w", err)
+	}
+	now := tm.Val().UnixMilli()
+	type run struct {
+		ep       EndpointID
+		tiers    []byte  // per block: tier bits
+		holdLive []bool  // per block: a live hold in Redis
+		cmds     []*redis.SliceCmd
+	}
+	var runs []*run
+	seen := map[EndpointID]bool{}
+	for j, ep := range eps {
+		t, live := parseV2(first[j].Val(), 0, now)
+		if t != 0 || live || busHolds(0, ep) {
+			runs = append(runs, &run{ep: ep, tiers: []byte{t}, holdLive: []bool{live}})
+		}
+		seen[ep] = true
+	}
+	if bus != nil { // holders known only from the shared records
+		for _, ep := range bus[0] {
+			if !seen[ep] {
+				seen[ep] = true
+				runs = append(runs, &run{ep: ep, tiers: []byte{0}, holdLive: []bool{false}})
+			}
+		}
+	}
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	// Round 2.
+	if len(keys) > 1 {
+		p := r.c.Pipeline()
+		for _, rn := range runs {
+			hk := r.v2Hash(model, fam, rn.ep)
+			for i := 1; i < len(keys); i += v2ReadChunk {
+				end := min(i+v2ReadChunk, len(keys))
+				fs := make([]string, 0, 2*(end-i))
+				for _, k := range keys[i:end] {
+					fs = append(fs, keyField(k), holdField(k))
+				}
+				rn.cmds = append(rn.cmds, p.HMGet(ctx, hk, fs...))
+			}
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("kvstore: redis match: %w", err)
+		}
+	}
+	out := make([]EndpointMatch, 0, len(runs))
+	for _, rn := range runs {
+		m := EndpointMatch{Endpoint: rn.ep}
+		count := func(t byte, live bool) {
+			if t&1 != 0 || live {
+				m.GPUBlocks++
+			} else {
+				m.CPUBlocks++
+			}
+		}
+		count(rn.tiers[0], rn.holdLive[0] || busHolds(0, rn.ep))
+		i := 1
+	blocks:
+		for _, c := range rn.cmds {
+			vals := c.Val()
+			for o := 0; o+1 < len(vals); o += 2 {
+				t, live := parseV2(vals, o, now)
+				live = live || busHolds(i, rn.ep)
+				if t&3 == 0 && !live {
+					break blocks
+				}
+				count(t, live)
+				i++
+			}
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// parseV2 reads one block's (tier field, hold field) pair of an HMGET reply at vals[o:o+2].
+func parseV2(vals []any, o int, now int64) (tiers byte, live bool) {
+	if s, ok := vals[o].(string); ok && len(s) == 1 {
+		tiers = s[0] & 3
+	}
+	if s, ok := vals[o+1].(string); ok {
+		if exp, err := strconv.ParseInt(s, 10, 64); err == nil && exp > now {
+			live = true
+		}
+	}
+	return tiers, live
+}
+
+// round runs one read pipeline, then one write pipeline built from what was read (writes returns how many
+// commands it queued; 0 sends nothing), fenced by f unless nil. On one server the fence key is WATCHed and
+// read with the reads, and the writes are one MULTI/EXEC: a RaiseFence in between makes EXEC fail and the
+// round is checked again, so a stale holder's writes are refused (ErrFenced) as a whole. On a Cluster
+// (where the batch spans slots) the fence is read with the reads and checked before the writes are sent:
+// one fenced check per batch, not atomic with it.
+func (r *RedisIndex) round(ctx context.Context, op, model string, f *Fence, reads func(redis.Pipeliner), writes func(redis.Pipeliner) int) error {
+	check := func(cmds []redis.Cmder, fg *redis.StringCmd) error {
+		for _, c := range cmds {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("kvstore: redis %s: %w", op, err)
+			}
+		}
+		if fg == nil {
+			return nil
+		}
+		if cur, err := fg.Result(); err == nil && cur != strconv.FormatInt(f.Token, 10) {
+			return fmt.Errorf("kvstore: redis %s: fencing token %d of %q is not the current holder's %s: %w", op, f.Token, f.Scope, cur, ErrFenced)
+		}
+		return nil
+	}
+	exec := func(p redis.Pipeliner) error {
+		_, err := p.Exec(ctx)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		return nil
+	}
+	if f == nil || !r.single {
+		var fg *redis.StringCmd
+		p := r.c.Pipeline()
+		if f != nil {
+			fg = p.Get(ctx, r.FenceKeyName(model, f.Scope))
+		}
+		if reads != nil {
+			reads(p)
+		}
+		var cmds []redis.Cmder
+		if p.Len() > 0 {
+			var err error
+			cmds, err = p.Exec(ctx)
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("kvstore: redis %s: %w", op, err)
+			}
+		}
+		if err := check(cmds, fg); err != nil {
+			return err
+		}
+		w := r.c.Pipeline()
+		if writes(w) == 0 {
+			return nil
+		}
+		if err := exec(w); err != nil {
+			return redisErr(op, err)
+		}
+		return nil
+	}
+	fk := r.FenceKeyName(model, f.Scope)
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		err = r.c.Watch(ctx, func(tx *redis.Tx) error {
+			var fg *redis.StringCmd
+			cmds, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
+				fg = p.Get(ctx, fk)
+				if reads != nil {
+					reads(p)
+				}
+				return nil
+			})
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("kvstore: redis %s: %w", op, err)
+			}
+			if err := check(cmds, fg); err != nil {
+				return err
+			}
+			var n int
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				n = writes(p)
+				return nil
+			})
+			if n == 0 {
+				return nil
+			}
+			if err != nil && !errors.Is(err, redis.Nil) {
+				if errors.Is(err, redis.TxFailedErr) {
+					return err
+				}
+				return redisErr(op, err)
+			}
+			return nil
+		}, fk)
+		if !errors.Is(err, redis.TxFailedErr) {
+			return err
+		}
+	}
+	return fmt.Errorf("kvstore: redis %s: fence kept changing: %w", op, err)
+}
+
+// loadV2 loads the layout-2 scripts (after NOSCRIPT: a restarted Redis or SCRIPT FLUSH).
+func (r *RedisIndex) loadV2(ctx context.Context) error {
+	for _, s := range index2Scripts {
+		if err := s.Load(ctx, r.c).Err(); err != nil {
+			return fmt.Errorf("load script: %w", err)
+		}
+	}
+	return nil
+}
+
+// withScripts runs fn, and once more after loading the scripts if it failed with NOSCRIPT.
+func (r *RedisIndex) withScripts(ctx context.Context, fn func() error) error {
+	err := fn()
+	if err != nil && (redis.HasErrorPrefix(errors.Unwrap(err), "NOSCRIPT") || redis.HasErrorPrefix(err, "NOSCRIPT") || containsNoscript(err)) {
+		if lerr := r.loadV2(ctx); lerr != nil {
+			return lerr
+		}
+		err = fn()
+	}
+	return err
+}
+
+func containsNoscript(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if redis.HasErrorPrefix(e, "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
+}
+
+// cell is one (endpoint, family) HASH of a write.
+type cell struct {
+	ep  EndpointID
+	fam Family
+}
+
+// applyV2 is Apply on layout 2: round 1 reads the tier fields the updates touch (one HMGET per endpoint
+// and family), the updates are applied to those values in order in Go, and round 2 writes what changed
+// (HSET, HDEL), registers the endpoint and families and counts its entries; fenced by f as one batch.
+func (r *RedisIndex) applyV2(ctx context.Context, f *Fence, op, model string, updates []Update) error {
+	type ck struct {
+		c cell
+		k BlockKey
+	}
+	var order []cell
+	fields := map[cell][]BlockKey{}
+	idx := map[ck]int{}
+	for ui := range updates {
+		u := &updates[ui]
+		for i, k := range u.Keys {
+			c := cell{u.Endpoint, u.familyAt(i)}
+			if _, ok := idx[ck{c, k}]; ok {
+				continue
+			}
+			if _, ok := fields[c]; !ok {
+				order = append(order, c)
+			}
+			idx[ck{c, k}] = len(fields[c])
+			fields[c] = append(fields[c], k)
+		}
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	reads := make(map[cell][]*redis.SliceCmd, len(order))
+	var counts []*redis.IntCmd
+	var countEps []EndpointID
+	err := r.round(ctx, op, model, f, func(p redis.Pipeliner) {
+		for _, c := range order {
+			ks := fields[c]
+			hk := r.v2Hash(model, c.fam, c.ep)
+			for i := 0; i < len(ks); i += v2WriteChunk {
+				fs := make([]string, 0, min(v2WriteChunk, len(ks)-i))
+				for _, k := range ks[i:min(i+v2WriteChunk, len(ks))] {
+					fs = append(fs, keyField(k))
+				}
+				reads[c] = append(reads[c], p.HMGet(ctx, hk, fs...))
+			}
+		}
+	}, func(p redis.Pipeliner) int {
+		old := map[cell][]byte{}
+		for _, c := range order {
+			vs := make([]byte, 0, len(fields[c]))
+			for _, rc := range reads[c] {
+				for _, v := range rc.Val() {
+					var t byte
+					if s, ok := v.(string); ok && len(s) == 1 {
+						t = s[0] & 3
+					}
+					vs = append(vs, t)
+				}
+			}
+			old[c] = vs
+		}
+		cur := map[cell][]byte{}
+		for c, vs := range old {
+			cur[c] = append([]byte(nil), vs...)
+		}
+		for ui := range updates {
+			u := &updates[ui]
+			for i, k := range u.Keys {
+				c := cell{u.Endpoint, u.familyAt(i)}
+				j := idx[ck{c, k}]
+				if u.Remove {
+					cur[c][j] &^= byte(u.Tier)
+				} else {
+					cur[c][j] |= byte(u.Tier)
+				}
+			}
+		}
+		n := 0
+		delta := map[EndpointID]int64{}
+		fams := map[EndpointID][]any{}
+		var epOrder []EndpointID
+		for _, c := range order {
+			if _, ok := fams[c.ep]; !ok {
+				fams[c.ep] = nil
+				epOrder = append(epOrder, c.ep)
+			}
+			hk := r.v2Hash(model, c.fam, c.ep)
+			var set []any
+			var del []string
+			for j, k := range fields[c] {
+				o, nv := old[c][j], cur[c][j]
+				switch {
+				case nv == o:
+				case nv == 0:
+					del = append(del, keyField(k))
+					delta[c.ep]--
+				default:
+					set = append(set, keyField(k), string([]byte{nv}))
+					if o == 0 {
+						delta[c.ep]++
+					}
+				}
+			}
+			for i := 0; i < len(set); i += 2 * v2WriteChunk {
+				p.HSet(ctx, hk, set[i:min(i+2*v2WriteChunk, len(set))]...)
+				n++
+			}
+			for i := 0; i < len(del); i += v2WriteChunk {
+				p.HDel(ctx, hk, del[i:min(i+v2WriteChunk, len(del))]...)
+				n++
+			}
+			if len(set) > 0 {
+				fams[c.ep] = append(fams[c.ep], familyHex(c.fam))
+			}
+		}
+		for _, ep := range epOrder {
+			if len(fams[ep]) > 0 {
+				p.SAdd(ctx, r.v2Model(model, "eps"), string(ep))
+				p.SAdd(ctx, r.v2Model(model, "fh:"+string(ep)), fams[ep]...)
+				n += 2
+			}
+			if d := delta[ep]; d != 0 || (r.epCap > 0 && len(fams[ep]) > 0) {
+				counts = append(counts, p.IncrBy(ctx, r.v2Model(model, "n:"+string(ep)), d))
+				countEps = append(countEps, ep)
+				n++
+			}
+		}
+		return n
+	})
+	if err != nil {
+		return err
+	}
+	for _, c := range order {
+		r.noteEndpoint(model, c.ep)
+	}
+	if r.epCap > 0 {
+		for i, c := range counts {
+			if over := c.Val() - int64(r.epCap); over > 0 {
+				if err := r.evictV2(ctx, model, countEps[i], min(over, 512)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// evictV2 drops about over of ep's confirmed entries, sampled at random from random families of it
+// (RedisConfig.MaxEntriesPerEndpoint; random like layout 1's SPOP), a few round trips at most.
+func (r *RedisIndex) evictV2(ctx context.Context, model string, ep EndpointID, over int64) error {
+	fh := r.v2Model(model, "fh:"+string(ep))
+	return r.withScripts(ctx, func() error {
+		for round := 0; round < 8 && over > 0; round++ {
+			fams, err := r.c.SRandMemberN(ctx, fh, 8).Result()
+			if err != nil {
+				return fmt.Errorf("kvstore: redis evict: %w", err)
+			}
+			if len(fams) == 0 {
+				return nil
+			}
+			per := (over + int64(len(fams)) - 1) / int64(len(fams))
+			p := r.c.Pipeline()
+			var cmds []*redis.Cmd
+			for _, fx := range fams {
+				cmds = append(cmds, scriptIndex2Evict.EvalSha(ctx, p, []string{r.v2HashHex(model, fx, ep)}, per))
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				return err
+			}
+			var gone int64
+			for _, c := range cmds {
+				n, _ := c.Int64()
+				gone += n
+			}
+			if gone > 0 {
+				if err := r.c.DecrBy(ctx, r.v2Model(model, "n:"+string(ep)), gone).Err(); err != nil {
+					return fmt.Errorf("kvstore: redis evict: %w", err)
+				}
+			}
+			over -= gone
+		}
+		return nil
+	})
+}
+
+// recordV2 writes speculative holds of keys (a prompt from block 0: family of keys[0]) into ep's family
+// HASH: one script per writeSlice keys, pipelined with the registry updates.
+func (r *RedisIndex) recordV2(ctx context.Context, model string, ep EndpointID, keys []BlockKey, ms int64) error {
+	fam := FamilyOf(keys[0])
+	hk := r.v2Hash(model, fam, ep)
+	err := r.withScripts(ctx, func() error {
+		p := r.c.Pipeline()
+		for i := 0; i < len(keys); i += writeSlice {
+			args := []any{ms}
+			for _, k := range keys[i:min(i+writeSlice, len(keys))] {
+				args = append(args, holdField(k))
+			}
+			scriptIndex2Record.EvalSha(ctx, p, []string{hk}, args...)
+		}
+		p.SAdd(ctx, r.v2Model(model, "eps"), string(ep))
+		p.SAdd(ctx, r.v2Model(model, "fh:"+string(ep)), familyHex(fam))
+		_, err := p.Exec(ctx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("kvstore: redis record: %w", err)
+	}
+	r.noteEndpoint(model, ep)
+	return nil
+}
+
+// clearEndpointV2 pops ep's families (256 per round trip, fenced) and UNLINKs their HASHes (freed by Redis
+// in the background), then drops its count and registry entry.
+func (r *RedisIndex) clearEndpointV2(ctx context.Context, f *Fence, model string, ep EndpointID) error {
+	fh := r.v2Model(model, "fh:"+string(ep))
+	n, err := r.c.SCard(ctx, fh).Result()
+	if err != nil {
+		return fmt.Errorf("kvstore: redis clear endpoint: %w", err)
+	}
+	for i, limit := int64(0), n/256+16; i < limit; i++ {
+		var pop *redis.StringSliceCmd
+		if err := r.round(ctx, "clear endpoint", model, f, nil, func(p redis.Pipeliner) int {
+			pop = p.SPopN(ctx, fh, 256)
+			return 1
+		}); err != nil {
+			return err
+		}
+		fams := pop.Val()
+		if len(fams) == 0 {
+			break
+		}
+		p := r.c.Pipeline()
+		for _, fx := range fams {
+			p.Unlink(ctx, r.v2HashHex(model, fx, ep))
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return fmt.Errorf("kvstore: redis clear endpoint: %w", err)
+		}
+	}
+	if err := r.round(ctx, "clear endpoint", model, f, nil, func(p redis.Pipeliner) int {
+		p.Del(ctx, r.v2Model(model, "n:"+string(ep)))
+		p.SRem(ctx, r.v2Model(model, "eps"), string(ep))
+		return 2
+	}); err != nil {
+		return err
+	}
+	r.forgetEndpoint(model, ep)
+	return nil
+}
+
+// slicedV2 runs script s (a slice of one family HASH: {next cursor, confirmed fields touched}) over every
+// family of ep until each cursor is back at 0: v2FamilyBatch families per round trip, each round fenced.
+// Families whose HASH is gone afterwards leave ep's family set; the confirmed count is reset.
+func (r *RedisIndex) slicedV2(ctx context.Context, op string, f *Fence, model string, ep EndpointID, s *redis.Script, pre ...any) error {
+	fh := r.v2Model(model, "fh:"+string(ep))
+	fams, err := r.c.SMembers(ctx, fh).Result()
+	if err != nil {
+		return fmt.Errorf("kvstore: redis %s: %w", op, err)
+	}
+	type job struct {
+		fx     string
+		cursor string
+	}
+	var todo []job
+	for _, fx := range fams {
+		todo = append(todo, job{fx, "0"})
+	}
+	var emptied []any
+	for len(todo) > 0 {
+		batch := todo[:min(v2FamilyBatch, len(todo))]
+		todo = todo[len(batch):]
+		var cmds []*redis.Cmd
+		var lens []*redis.IntCmd
+		err := r.withScripts(ctx, func() error {
+			cmds, lens = nil, nil
+			return r.round(ctx, op, model, f, nil, func(p redis.Pipeliner) int {
+				for _, j := range batch {
+					hk := r.v2HashHex(model, j.fx, ep)
+					args := append(append([]any{}, pre...), j.cursor, v2ScanCount)
+					cmds = append(cmds, s.EvalSha(ctx, p, []string{hk}, args...))
+					lens = append(lens, p.Exists(ctx, hk))
+				}
+				return 2 * len(batch)
+			})
+		})
+		if err != nil {
+			return err
+		}
+		for i, j := range batch {
+			res, err := cmds[i].Slice()
+			if err != nil || len(res) != 2 {
+				return fmt.Errorf("kvstore: redis %s: slice reply %v: %v", op, res, err)
+			}
+			next, _ := res[0].(string)
+			if next != "0" && next != "" {
+				todo = append(todo, job{j.fx, next})
+			} else if lens[i].Val() == 0 {
+				emptied = append(emptied, j.fx)
+			}
+		}
+	}
+	return r.round(ctx, op, model, f, nil, func(p redis.Pipeliner) int {
+		p.Del(ctx, r.v2Model(model, "n:"+string(ep)))
+		if len(emptied) > 0 {
+			p.SRem(ctx, fh, emptied...)
+			return 2
+		}
+		return 1
+	})
+}
+
+// mutexes and caches of layout 2 (embedded in RedisIndex).
+type v2State struct {
+	base2 string
+	// layout is RedisConfig.IndexLayout; lmode the marker's layout (0 until read).
+	layout   int
+	lmu      sync.Mutex
+	lmode    int
+	lread    time.Time
+	lreading bool
+	emu      sync.Mutex
+	eps      map[string]v2Eps
+}
