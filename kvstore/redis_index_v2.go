@@ -261,8 +261,8 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 	now := tm.Val().UnixMilli()
 	type run struct {
 		ep       EndpointID
-		tiers    []byte  // per block: tier bits
-		holdLive []bool  // per block: a live hold in Redis
+		tiers    []byte // per block: tier bits
+		holdLive []bool // per block: a live hold in Redis
 		cmds     []*redis.SliceCmd
 	}
 	var runs []*run

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -53,10 +54,18 @@ func (g *gateIndex) Apply(ctx context.Context, model string, us []kvstore.Update
 // finally reaches Redis it must be refused (kvstore.ErrFenced) and A must stop: the index shows only B's
 // writes. Without the fence, A's write lands after B's clear and the index says e0 holds Y, which the
 // engine dropped (and B, which never saw Y's hash, could never remove it).
+// It runs on the index's upgrade window (layout-1 scripts fenced inside, layout 2 fenced per batch) and on
+// layout 2 alone.
 func TestIngestStaleIngesterFenced(t *testing.T) {
+	for _, layout := range []int{0, 2} {
+		t.Run(fmt.Sprintf("layout%d", layout), func(t *testing.T) { staleIngesterFenced(t, layout) })
+	}
+}
+
+func staleIngesterFenced(t *testing.T, layout int) {
 	rs := redistest.Start(t)
 	c := rs.Client(t)
-	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{})
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{IndexLayout: layout})
 	if err != nil {
 		t.Fatal(err)
 	}

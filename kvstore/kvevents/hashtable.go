@@ -7,10 +7,13 @@ import (
 	"github.com/kvgate/kvgate/kvstore/internal/probe"
 )
 
-// hashEntry maps one engine hash to kvgate's block key, with the number of live announcements per tier.
+// hashEntry maps one engine hash to kvgate's block key and its chain's family (kvstore.Update.Families:
+// the Redis index's layout 2 files blocks by family; it fits in the slot's padding), with the number of
+// live announcements per tier.
 type hashEntry struct {
 	key  kvstore.BlockKey
 	refs [3]int32 // by kvstore.Tier (1 GPU, 2 CPU); refs[0] marks a used slot in hashTable
+	fam  kvstore.Family
 }
 
 // held reports whether some tier still holds the hash.
@@ -72,12 +75,12 @@ func (t *hashTable) markUnconfirmed() {
 	}
 }
 
-// eachHeld calls f with the block key of every confirmed entry held on tier.
-func (t *hashTable) eachHeld(tier kvstore.Tier, f func(kvstore.BlockKey)) {
+// eachHeld calls f with the block key and family of every confirmed entry held on tier.
+func (t *hashTable) eachHeld(tier kvstore.Tier, f func(kvstore.BlockKey, kvstore.Family)) {
 	for i := range t.slots {
 		e := &t.slots[i].e
 		if e.refs[0] != 0 && e.refs[0]&unconfirmedMark == 0 && e.refs[tier] > 0 {
-			f(e.key)
+			f(e.key, e.fam)
 		}
 	}
 }

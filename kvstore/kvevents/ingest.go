@@ -226,11 +226,12 @@ type Ingester struct {
 	// Owned by the run goroutine (or the caller of handle in tests and benchmarks).
 	hashes      hashTable
 	keyBuf      []kvstore.BlockKey
-	evictGPU    []kvstore.BlockKey // makeRoom scratch: evicted blocks held on GPU, on CPU
-	evictCPU    []kvstore.BlockKey
+	evictGPU    []hashEntry // makeRoom scratch: evicted blocks held on GPU, on CPU
+	evictCPU    []hashEntry
 	arena       arena              // decode scratch, reused batch after batch
 	ops         []pendingOp        // the current batch's index updates, in order
 	opKeys      []kvstore.BlockKey // their keys, back to back (op i spans ops[i].start up to ops[i+1].start)
+	opFams      []kvstore.Family   // the keys' families, beside opKeys
 	updates     []kvstore.Update   // Apply scratch
 	acc         pending            // counts of applied, uncommitted batches
 	seqHave     bool               // a sequence number has been applied (published as Stats.HaveSeq at commit)
@@ -928,11 +929,15 @@ func (in *Ingester) resync(ctx context.Context) {
 			us = nil
 			for _, tier := range []kvstore.Tier{kvstore.TierGPU, kvstore.TierCPU} {
 				var keys []kvstore.BlockKey
-				in.hashes.eachHeld(tier, func(k kvstore.BlockKey) { keys = append(keys, k) })
+				var fams []kvstore.Family
+				in.hashes.eachHeld(tier, func(k kvstore.BlockKey, f kvstore.Family) {
+					keys = append(keys, k)
+					fams = append(fams, f)
+				})
 				for len(keys) > 0 {
 					n := min(len(keys), resyncChunk)
-					us = append(us, kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: tier, Keys: keys[:n:n]})
-					keys = keys[n:]
+					us = append(us, kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: tier, Keys: keys[:n:n], Families: fams[:n:n]})
+					keys, fams = keys[n:], fams[n:]
 				}
 			}
 		}
@@ -1127,6 +1132,7 @@ func (in *Ingester) event(ctx context.Context, ev Event, c *applyCounts) {
 			he.refs[tier]--
 			if he.refs[tier] == 0 {
 				in.opKeys = append(in.opKeys, he.key)
+				in.opFams = append(in.opFams, he.fam)
 			}
 			if !he.held() {
 				in.bury(h) // may delete another entry: he is not used after this
@@ -1170,6 +1176,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
 				in.opKeys = append(in.opKeys, he.key)
+				in.opFams = append(in.opFams, he.fam)
 			}
 		}
 	} else {
@@ -1192,9 +1199,13 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			extra.LoRA = in.cfg.LoRAByID[*e.LoRAID]
 		}
 		keys := in.keyBuf[:0]
+		var fam kvstore.Family
 		if e.ParentBlockHash == nil {
 			extra.CacheSalt = cacheSalt(e, extra.LoRA)
 			keys = in.cfg.Hasher.AppendKeys(keys, e.TokenIDs, e.BlockSize, extra)
+			if len(keys) > 0 {
+				fam = kvstore.FamilyOf(keys[0])
+			}
 		} else {
 			parent := in.hashes.get(*e.ParentBlockHash)
 			if parent == nil {
@@ -1202,6 +1213,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 				return
 			}
 			parent.touch()
+			fam = parent.fam
 			keys = in.cfg.Hasher.AppendKeysAfter(keys, parent.key, e.TokenIDs, e.BlockSize, extra)
 		}
 		in.keyBuf = keys
@@ -1214,7 +1226,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			}
 			he, added := in.hashes.put(h)
 			if added {
-				he.key = keys[i]
+				he.key, he.fam = keys[i], fam
 			} else if he.key != keys[i] {
 				c.conflicts++
 			}
@@ -1224,6 +1236,7 @@ func (in *Ingester) stored(ctx context.Context, e *BlockStored, c *applyCounts) 
 			if he.refs[tier] == 1 {
 				in.beginOp(tier, false)
 				in.opKeys = append(in.opKeys, he.key)
+				in.opFams = append(in.opFams, he.fam)
 			}
 		}
 	}
@@ -1249,19 +1262,20 @@ func (in *Ingester) makeRoom(n int, c *applyCounts) {
 			continue
 		}
 		if e.refs[kvstore.TierGPU] > 0 {
-			in.evictGPU = append(in.evictGPU, e.key)
+			in.evictGPU = append(in.evictGPU, e)
 		}
 		if e.refs[kvstore.TierCPU] > 0 {
-			in.evictCPU = append(in.evictCPU, e.key)
+			in.evictCPU = append(in.evictCPU, e)
 		}
 	}
-	if len(in.evictGPU) > 0 {
-		in.beginOp(kvstore.TierGPU, true)
-		in.opKeys = append(in.opKeys, in.evictGPU...)
-	}
-	if len(in.evictCPU) > 0 {
-		in.beginOp(kvstore.TierCPU, true)
-		in.opKeys = append(in.opKeys, in.evictCPU...)
+	for i, ev := range [][]hashEntry{in.evictGPU, in.evictCPU} {
+		if len(ev) > 0 {
+			in.beginOp(kvstore.Tier(i+1), true)
+			for _, e := range ev {
+				in.opKeys = append(in.opKeys, e.key)
+				in.opFams = append(in.opFams, e.fam)
+			}
+		}
 	}
 	in.evictGPU, in.evictCPU = in.evictGPU[:0], in.evictCPU[:0]
 }
@@ -1279,6 +1293,7 @@ func (in *Ingester) beginOp(tier kvstore.Tier, remove bool) {
 func (in *Ingester) dropOps() {
 	in.ops = in.ops[:0]
 	in.opKeys = in.opKeys[:0]
+	in.opFams = in.opFams[:0]
 }
 
 // flush sends the queued updates (of the batches since the last commit) in order: one Index.Apply (one
@@ -1295,7 +1310,8 @@ func (in *Ingester) flush(ctx context.Context, c *applyCounts) {
 		if end == op.start {
 			continue
 		}
-		u := kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: op.tier, Remove: op.remove, Keys: in.opKeys[op.start:end:end]}
+		u := kvstore.Update{Endpoint: in.cfg.Endpoint, Tier: op.tier, Remove: op.remove, Keys: in.opKeys[op.start:end:end],
+			Families: in.opFams[op.start:end:end]}
 		if !u.Remove {
 			added += len(u.Keys)
 		}
@@ -1333,6 +1349,7 @@ func (in *Ingester) queueBacklog(us []kvstore.Update) {
 			return
 		}
 		u.Keys = slices.Clone(u.Keys)
+		u.Families = slices.Clone(u.Families)
 		in.backlog = append(in.backlog, u)
 	}
 }

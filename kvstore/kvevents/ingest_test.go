@@ -582,11 +582,15 @@ func TestIngestStartsDemoted(t *testing.T) {
 // the endpoint, but not the speculative entries the gateway recorded for requests it just routed there (on
 // both backends, over a real libzmq publisher).
 func TestIngestKeepsSpeculative(t *testing.T) {
-	for _, backend := range []string{"memory", "redis"} {
+	for _, backend := range []string{"memory", "redis", "redis-layout2"} {
 		t.Run(backend, func(t *testing.T) {
 			var idx kvstore.Index = kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
-			if backend == "redis" {
-				ri, err := kvstore.NewRedisIndex(redistest.Start(t).Client(t), kvstore.RedisConfig{})
+			if backend != "memory" {
+				layout := 0
+				if backend == "redis-layout2" {
+					layout = 2
+				}
+				ri, err := kvstore.NewRedisIndex(redistest.Start(t).Client(t), kvstore.RedisConfig{IndexLayout: layout})
 				if err != nil {
 					t.Fatal(err)
 				}
