@@ -19,14 +19,24 @@ import (
 // are split too), clears them, and checks that no Redis call ran longer than 5 ms (SLOWLOG) and that
 // another client's commands were answered within 10 ms while the clear ran (issue 14: one script used to
 // clear them, 0.8 s for 100 k blocks, BUSY for everyone else).
+//
+// It runs on layout 1 (scripts of 64-block slices) and layout 2 (the endpoint's family HASHes UNLINKed, 256
+// families per round trip, freed by Redis in the background), with each chain's blocks in its family.
 func TestRedisClearDoesNotBlock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 500k blocks")
 	}
+	for _, layout := range []int{1, 2} {
+		t.Run("Layout"+strconv.Itoa(layout), func(t *testing.T) { clearDoesNotBlock(t, layout) })
+	}
+}
+
+func clearDoesNotBlock(t *testing.T, layout int) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+	prefix := freshPrefix()
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: prefix, IndexLayout: layout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +52,12 @@ func TestRedisClearDoesNotBlock(t *testing.T) {
 		for i := range toks {
 			toks[i] = uint32(chain<<20 | i)
 		}
-		keys := h.Keys(toks, 4, kvstore.ExtraKeys{})
-		ups = append(ups, kvstore.Update{Endpoint: "big", Tier: kvstore.TierGPU, Keys: keys[:min(per, n-chain*per)]})
+		keys := h.Keys(toks, 4, kvstore.ExtraKeys{})[:min(per, n-chain*per)]
+		fams := make([]kvstore.Family, len(keys))
+		for i := range fams {
+			fams[i] = kvstore.FamilyOf(keys[0])
+		}
+		ups = append(ups, kvstore.Update{Endpoint: "big", Tier: kvstore.TierGPU, Keys: keys, Families: fams})
 		if len(ups) == 8 {
 			if err := idx.Apply(ctx, "m", ups); err != nil {
 				t.Fatal(err)
@@ -55,8 +69,15 @@ func TestRedisClearDoesNotBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev := strings.TrimSuffix(idx.BlockKeyName("m", 0), "b:0000000000000000") + "e:big"
-	if got := c.SCard(ctx, rev).Val(); got != n {
-		t.Fatalf("reverse set holds %d blocks, want %d", got, n)
+	held := func() int64 { // the endpoint's entries: layout 1's reverse SET, layout 2's count
+		if layout == 1 {
+			return c.SCard(ctx, rev).Val()
+		}
+		v, _ := c.Get(ctx, prefix+":v2:{m}:n:big").Int64()
+		return v
+	}
+	if got := held(); got != n {
+		t.Fatalf("the endpoint holds %d blocks, want %d", got, n)
 	}
 	first := keysOfChain(h, 0)
 	if m, err := idx.Match(ctx, "m", first); err != nil || len(m) != 1 || m[0].GPUBlocks != len(first) {
@@ -105,15 +126,15 @@ func TestRedisClearDoesNotBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Redis's own time per script call of the clear: slices, each well under 5 ms (the old single script
-	// took 0.8 s for 100 k blocks and BUSY answered everyone else meanwhile).
+	// Redis's own time per call of the clear: slices, each well under 5 ms (the old single script took 0.8 s
+	// for 100 k blocks and BUSY answered everyone else meanwhile).
 	for _, line := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
-			t.Logf("the clear's scripts: %s", v)
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"); ok {
+			t.Logf("the clear's calls: %s", v)
 			for kv := range strings.SplitSeq(v, ",") {
 				if x, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
 					if f, _ := strconv.ParseFloat(x, 64); f > 5000 {
-						t.Errorf("the clear's scripts took %.0f µs per call, want ≤ 5 ms", f)
+						t.Errorf("the clear's calls took %.0f µs per call, want ≤ 5 ms: %s", f, v)
 					}
 				}
 			}
@@ -140,7 +161,7 @@ func TestRedisClearDoesNotBlock(t *testing.T) {
 	q := func(l []time.Duration, f float64) time.Duration { return l[min(len(l)-1, int(f*float64(len(l))))] }
 	t.Logf("clear of %d blocks: %v; %d GETs answered meanwhile: p50 %v, p99 %v, max %v (control, Redis as busy with short calls: p50 %v, p99 %v, max %v); slowest write call %v",
 		n, took, len(clearLat), q(clearLat, .5), q(clearLat, .99), clearLat[len(clearLat)-1], q(ctlLat, .5), q(ctlLat, .99), ctlLat[len(ctlLat)-1], slow)
-	if len(clearLat) < 10 {
+	if len(clearLat) < 10 && took > 50*time.Millisecond {
 		t.Fatalf("only %d GETs answered during a %v clear", len(clearLat), took)
 	}
 	// Answered within 10 ms beyond the control, at the 99th percentile (the maximum is logged: one
@@ -149,8 +170,8 @@ func TestRedisClearDoesNotBlock(t *testing.T) {
 		t.Errorf("GETs during the clear: p99 %v, control p99 %v: want within 10 ms of it", p, ctl)
 	}
 	t.Logf("slowest call of the clear: %v", slowest(t, c, "the clear"))
-	if got := c.SCard(ctx, rev).Val(); got != 0 {
-		t.Fatalf("reverse set holds %d blocks after the clear", got)
+	if got := held(); got != 0 {
+		t.Fatalf("the endpoint holds %d blocks after the clear", got)
 	}
 	if m, err := idx.Match(ctx, "m", first); err != nil || len(m) != 0 {
 		t.Fatalf("after the clear: %+v, %v", m, err)
@@ -183,6 +204,9 @@ func slowest(t *testing.T, c *redis.Client, what string) time.Duration {
 	for _, l := range logs {
 		w = max(w, l.Duration)
 		a := strings.Join(l.Args, " ")
+		if l.Duration > 5*time.Millisecond && testing.Verbose() {
+			t.Logf("%s: slow call %v: %.40q", what, l.Duration, a)
+		}
 		if l.Duration > time.Second {
 			t.Errorf("%s: a Redis call took %v: %.80s", what, l.Duration, a)
 		}
@@ -193,17 +217,32 @@ func slowest(t *testing.T, c *redis.Client, what string) time.Duration {
 
 // TestRedisMatchMissStopsAtBlock0 checks that a Match of a prompt nobody has seen looks up one key, and a
 // prompt whose run ends at block 2 no more than its blocks (keyspace_hits + keyspace_misses of INFO stats).
+// Layout 2 (one registered endpoint): the miss looks up that endpoint's family HASH once, a 128-block hit
+// looks it up twice (block 0, then the rest).
 func TestRedisMatchMissStopsAtBlock0(t *testing.T) {
+	for _, l := range []struct{ layout, hit int64 }{{1, 128}, {2, 2}} {
+		t.Run("Layout"+strconv.Itoa(int(l.layout)), func(t *testing.T) { missStopsAtBlock0(t, int(l.layout), l.hit) })
+	}
+}
+
+func missStopsAtBlock0(t *testing.T, layout int, hitLookups int64) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix(), IndexLayout: layout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ks := kvstore.Hasher{}.Keys(make([]uint32, 16*128), 16, kvstore.ExtraKeys{})
 	other := kvstore.Hasher{Seed: 9}.Keys(make([]uint32, 16*128), 16, kvstore.ExtraKeys{})
-	if err := idx.Add(ctx, "m", "a", kvstore.TierGPU, other); err != nil {
+	fams := make([]kvstore.Family, len(other))
+	for i := range fams {
+		fams[i] = kvstore.FamilyOf(other[0])
+	}
+	if err := idx.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: kvstore.TierGPU, Keys: other, Families: fams}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idx.Match(ctx, "m", ks[:1]); err != nil { // layout 2 reads the endpoint registry (cached 1 s)
 		t.Fatal(err)
 	}
 	lookups := func() int64 {
@@ -231,7 +270,7 @@ func TestRedisMatchMissStopsAtBlock0(t *testing.T) {
 	if m, err := idx.Match(ctx, "m", other); err != nil || len(m) != 1 || m[0].GPUBlocks != 128 {
 		t.Fatalf("hit: %+v, %v", m, err)
 	}
-	if got := lookups(); got != 128 {
-		t.Fatalf("a 128-block hit cost %d key lookups, want 128", got)
+	if got := lookups(); got != hitLookups {
+		t.Fatalf("a 128-block hit cost %d key lookups, want %d", got, hitLookups)
 	}
 }

@@ -34,7 +34,7 @@ const (
 	// v2ReadChunk is the most blocks one HMGET of Match reads (two fields each).
 	v2ReadChunk = 512
 	// v2WriteChunk is the most fields one HSET or HDEL of a write carries.
-	v2WriteChunk = 1024
+	v2WriteChunk = 256
 	// v2ScanCount is the HSCAN COUNT of one clear or demote slice.
 	v2ScanCount = 128
 	// v2FamilyBatch is how many families one round trip of a clear or demote works on.
