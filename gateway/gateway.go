@@ -144,7 +144,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
 		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
-		TLS: storeTLS, AllowUnreachable: true,
+		TLS: storeTLS, AllowUnreachable: true, IndexLayout: cfg.Store.IndexLayout,
 		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)

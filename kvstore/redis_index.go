@@ -136,9 +136,11 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 	return r, nil
 }
 
-// Close stops the index's subscription to the shared speculative records (the client stays open). The
+// Close stops the index's subscription to the shared speculative records and its reading of the store's
+// index-layout marker (the client stays open). The
 // index still answers afterwards, without the other gateways' records.
 func (r *RedisIndex) Close() error {
+	r.stopMarker()
 	if r.bus == nil {
 		return nil
 	}

@@ -68,7 +68,7 @@ const (
 )
 
 // layoutNow returns the layout in effect: the configured one, or (IndexLayout 0) the store marker's, read
-// at the first call and then at most once a second in the background.
+// at the first call and then once a second by a goroutine (stopped by Close).
 func (r *RedisIndex) layoutNow(ctx context.Context) int {
 	switch r.layout {
 	case 1:
@@ -77,39 +77,66 @@ func (r *RedisIndex) layoutNow(ctx context.Context) int {
 		return modeV2
 	}
 	r.lmu.Lock()
-	if r.lmode == 0 {
+	m := r.lmode
+	if m == 0 && !r.lstarted {
+		r.lstarted = true
+		r.lstop = make(chan struct{})
 		r.lmu.Unlock()
 		r.readMarker(ctx)
+		go r.followMarker(r.lstop)
 		r.lmu.Lock()
-	} else if !r.lreading && time.Since(r.lread) > time.Second {
-		r.lreading = true
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			r.readMarker(ctx)
-		}()
+		m = r.lmode
 	}
-	m := r.lmode
 	r.lmu.Unlock()
 	if m == 0 {
-		return modeDual // unreadable marker: the safe side of the upgrade
+		return modeDual // marker not read yet: the safe side of the upgrade
 	}
 	return m
 }
 
+// followMarker reads the store's index-layout marker every second until stop is closed or the marker says 2.
+func (r *RedisIndex) followMarker(stop chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r.readMarker(ctx)
+		cancel()
+		r.lmu.Lock()
+		done := r.lmode == modeV2
+		r.lmu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
 func (r *RedisIndex) readMarker(ctx context.Context) {
 	v, err := r.c.Get(ctx, r.base+indexLayoutMarker).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return // keep what was in effect; read again in a second
+	}
 	r.lmu.Lock()
 	defer r.lmu.Unlock()
-	r.lreading = false
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return // keep what was in effect; retried after a second
-	}
-	r.lread = time.Now()
 	if v == "2" {
 		r.lmode = modeV2
 	} else if r.lmode != modeV2 { // never back: the marker is only raised
 		r.lmode = modeDual
+	}
+}
+
+// stopMarker stops followMarker (Close).
+func (r *RedisIndex) stopMarker() {
+	r.lmu.Lock()
+	defer r.lmu.Unlock()
+	if r.lstop != nil {
+		close(r.lstop)
+		r.lstop = nil
 	}
 }
 
@@ -124,7 +151,7 @@ func (r *RedisIndex) FinishLayoutUpgrade(ctx context.Context) error {
 		return fmt.Errorf("kvstore: redis finish layout upgrade: %w", err)
 	}
 	r.lmu.Lock()
-	r.lmode, r.lread = modeV2, time.Now()
+	r.lmode = modeV2
 	r.lmu.Unlock()
 	return nil
 }
@@ -796,8 +823,8 @@ type v2State struct {
 	layout   int
 	lmu      sync.Mutex
 	lmode    int
-	lread    time.Time
-	lreading bool
+	lstarted bool
+	lstop    chan struct{}
 	emu      sync.Mutex
 	eps      map[string]v2Eps
 }

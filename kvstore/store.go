@@ -25,6 +25,8 @@ type StoreConfig struct {
 	TLS *tls.Config
 	// Prefix is RedisConfig.Prefix.
 	Prefix string
+	// IndexLayout is RedisConfig.IndexLayout (Redis only).
+	IndexLayout int
 	// MaxKeys bounds the memory index (MemoryConfig.MaxKeys).
 	MaxKeys int
 	// MaxKeysPerEndpoint bounds one endpoint's entries in either index (MemoryConfig.MaxKeysPerEndpoint,
@@ -107,7 +109,7 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	ep.c = c
 	ClassifyRedisErrors(c)
 	rc := RedisConfig{Prefix: cfg.Prefix}
-	idx, err1 := NewRedisIndex(c, RedisConfig{Prefix: cfg.Prefix, MaxEntriesPerEndpoint: cfg.MaxKeysPerEndpoint})
+	idx, err1 := NewRedisIndex(c, RedisConfig{Prefix: cfg.Prefix, MaxEntriesPerEndpoint: cfg.MaxKeysPerEndpoint, IndexLayout: cfg.IndexLayout})
 	res, err2 := NewRedisReservations(c, rc)
 	bl, err3 := NewRedisBlobs(c, rc)
 	if err := errors.Join(err1, err2, err3); err != nil {

@@ -211,6 +211,10 @@ type Store struct {
 	// TLS, when set, connects to Redis over TLS (redis-server --tls-port), verified with ca_file and
 	// presenting cert_file/key_file when Redis asks for client certificates (tls-auth-clients).
 	TLS *ClientTLS `yaml:"tls"`
+	// IndexLayout is the Redis index's key layout (kvstore.RedisConfig.IndexLayout): 0 (default) follows
+	// the store's marker — layout 1 read and both written until the marker says 2, then layout 2 — 1 is
+	// the layout of releases before layout 2, 2 is layout 2 only (a fleet with no older gateway).
+	IndexLayout int `yaml:"index_layout"`
 }
 
 // Model is one served model.
@@ -543,6 +547,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IndexMaxEntriesPerEndpoint < 0 {
 		bad("index_max_entries_per_endpoint", "must not be negative, got %d", c.IndexMaxEntriesPerEndpoint)
+	}
+	if c.Store.IndexLayout < 0 || c.Store.IndexLayout > 2 {
+		bad("store.index_layout", "must be 0 (follow the store), 1 or 2, got %d", c.Store.IndexLayout)
 	}
 	if c.IndexMaxEntries < 0 {
 		bad("index_max_entries", "must not be negative, got %d", c.IndexMaxEntries)
