@@ -89,7 +89,7 @@ bench-go:
 ## bench-redis: what one Redis costs the fleet per request, per ingested block and per (block, holder), and its
 ## longest call (kvgate-bench --mode redis; cmd/kvgate-bench/README.md, docs/benchmarks.md).
 bench-redis:
-	$(GO) run ./cmd/kvgate-bench --mode redis --requests 300
+	$(GO) run ./cmd/kvgate-bench --mode redis --requests 300 --redis-layouts 1,2
 ## bench-overhead, bench-quality: kvgate-bench's gateway-overhead and single-load quality modes.
 bench-overhead: bench-build
 	$(BENCH) --mode overhead

@@ -137,8 +137,8 @@ func NewRedisIndex(client redis.UniversalClient, cfg RedisConfig) (*RedisIndex, 
 }
 
 // Close stops the index's subscription to the shared speculative records and its reading of the store's
-// index-layout marker (the client stays open). The
-// index still answers afterwards, without the other gateways' records.
+// index-layout marker (the client stays open). The index still answers afterwards, without the other
+// gateways' records.
 func (r *RedisIndex) Close() error {
 	r.stopMarker()
 	if r.bus == nil {

@@ -292,6 +292,7 @@ func (b *bench) gateway(ctx context.Context, name string, engines []*harness.Eng
 	c.Store = config.Store{Kind: storeKind}
 	if storeKind == config.StoreRedis {
 		c.Store.Addrs = []string{redisAddr}
+		c.Store.IndexLayout = redisFlags.layout // 0 (follow the store) unless --mode redis measures a layout
 	}
 	g, err := harness.StartGateway(ctx, harness.GatewayOptions{Bin: b.bins.KVGate, Name: name, Dir: b.dir, Config: c,
 		ReadyTimeout: 90 * time.Second})

@@ -44,12 +44,15 @@ var redisFlags struct {
 	promptTokens int
 	repeatSet    int
 	clearBlocks  int
+	layouts      string
+	layout       int // the layout being measured (gateway store.index_layout, the replay's and flood's index)
 }
 
 func addRedisFlags(fs *flag.FlagSet) {
 	fs.IntVar(&redisFlags.promptTokens, "redis-prompt-tokens", 2000, "redis: tokens of each chat prompt (cut from the bench text)")
 	fs.IntVar(&redisFlags.repeatSet, "redis-repeat-set", 10, "redis: distinct prompts the repeated phase cycles through")
 	fs.IntVar(&redisFlags.clearBlocks, "redis-clear-blocks", 100000, "redis: blocks of one endpoint written, then cleared, to find the longest Redis call (0: skip)")
+	fs.StringVar(&redisFlags.layouts, "redis-layouts", "2", "redis: index layouts to measure one after the other, each with its own redis-server, engine and gateway (comma-separated: 1 is the layout of releases before layout 2)")
 }
 
 // redisPhase is one measured phase of --mode redis.
@@ -80,6 +83,25 @@ func (b *bench) redisScale(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var layouts []int
+	for _, f := range strings.Split(redisFlags.layouts, ",") {
+		l, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || l < 1 || l > 2 {
+			return fmt.Errorf("redis: --redis-layouts %q: want 1 and/or 2", redisFlags.layouts)
+		}
+		layouts = append(layouts, l)
+	}
+	for _, l := range layouts {
+		redisFlags.layout = l
+		if err := b.redisScaleLayout(ctx, text); err != nil {
+			return fmt.Errorf("redis: layout %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// redisScaleLayout measures one index layout (redisFlags.layout) and prints its figures.
+func (b *bench) redisScaleLayout(ctx context.Context, text string) error {
 	rd, err := harness.StartRedis(ctx, b.dir)
 	if err != nil {
 		return err
@@ -96,7 +118,7 @@ func (b *bench) redisScale(ctx context.Context) error {
 	}
 	rc.SlowLogReset(ctx)
 
-	engines, err := b.engines(ctx, "redis", 1, harness.EngineOptions{Args: []string{"--time-scale", "0"}})
+	engines, err := b.engines(ctx, fmt.Sprintf("redis-l%d", redisFlags.layout), 1, harness.EngineOptions{Args: []string{"--time-scale", "0"}})
 	if err != nil {
 		return err
 	}
@@ -118,7 +140,7 @@ func (b *bench) redisScale(ctx context.Context) error {
 	}
 	defer rec.stop()
 
-	g, err := b.gateway(ctx, "redis-bench", engines, config.StoreRedis, rd.Addr)
+	g, err := b.gateway(ctx, fmt.Sprintf("redis-bench-l%d", redisFlags.layout), engines, config.StoreRedis, rd.Addr)
 	if err != nil {
 		return err
 	}
@@ -272,7 +294,7 @@ func (b *bench) replay(ctx context.Context, rc *redis.Client, batches [][]byte) 
 		}
 	}
 	res.Batches = len(batches)
-	idx, err := kvstore.NewRedisIndex(rc, kvstore.RedisConfig{Prefix: "kvgbench"})
+	idx, err := kvstore.NewRedisIndex(rc, kvstore.RedisConfig{Prefix: "kvgbench", IndexLayout: redisFlags.layout})
 	if err != nil {
 		return res, err
 	}
@@ -375,7 +397,7 @@ type clearResult struct {
 // writes them), then clears the endpoint while another connection PINGs.
 func (b *bench) floodAndClear(ctx context.Context, rc *redis.Client, n int) (clearResult, error) {
 	res := clearResult{Blocks: n}
-	idx, err := kvstore.NewRedisIndex(rc, kvstore.RedisConfig{Prefix: "kvgflood"})
+	idx, err := kvstore.NewRedisIndex(rc, kvstore.RedisConfig{Prefix: "kvgflood", IndexLayout: redisFlags.layout})
 	if err != nil {
 		return res, err
 	}
@@ -388,8 +410,13 @@ func (b *bench) floodAndClear(ctx context.Context, rc *redis.Client, n int) (cle
 		}
 		keys := h.Keys(toks, 16, kvstore.ExtraKeys{})
 		keys = keys[:min(len(keys), n-done)]
+		fams := make([]kvstore.Family, len(keys))
+		for i := range fams {
+			fams[i] = kvstore.FamilyOf(keys[0])
+		}
 		for i := 0; i < len(keys); i += 32 {
-			ups = append(ups, kvstore.Update{Endpoint: "flood", Tier: kvstore.TierGPU, Keys: keys[i:min(i+32, len(keys))]})
+			j := min(i+32, len(keys))
+			ups = append(ups, kvstore.Update{Endpoint: "flood", Tier: kvstore.TierGPU, Keys: keys[i:j], Families: fams[i:j]})
 		}
 		done += len(keys)
 		if len(ups) >= 64 || done >= n {
@@ -429,8 +456,8 @@ func (b *bench) floodAndClear(ctx context.Context, rc *redis.Client, n int) (cle
 
 func (b *bench) printRedis(phases []redisPhase, ing ingestResult, clr clearResult, slow slowest) {
 	load, _ := os.ReadFile("/proc/loadavg")
-	fmt.Fprintf(b.out, "\nRedis cost per request (%d requests per phase, one gateway, one enginesim at --time-scale 0, local redis-server; load average %s)\n",
-		b.o.requests, strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Fprintf(b.out, "\nRedis index layout %d: cost per request (%d requests per phase, one gateway, one enginesim at --time-scale 0, local redis-server; load average %s)\n",
+		redisFlags.layout, b.o.requests, strings.Join(strings.Fields(string(load))[:3], " "))
 	w := tabwriter.NewWriter(b.out, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "phase\tprompt tok\tcached tok\tRedis CPU/req\tgateway CPU/req\tp50\tp99\ttarget\t")
 	for _, p := range phases {
