@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,7 +40,16 @@ const (
 	v2ScanCount = 128
 	// v2FamilyBatch is how many families one round trip of a clear or demote works on.
 	v2FamilyBatch = 32
+	// v2WideAt: a family HASH reaching this many fields gets the wide field (v2WideField = v2WideValue),
+	// whose value is longer than Redis's hash-max-listpack-value (64 bytes), so the HASH leaves the compact
+	// listpack encoding, whose lookups are linear in its size, for a hash table (RATIONALE.md, "Redis layout
+	// 2": measured).
+	v2WideAt    = 32
+	v2WideField = "~"
 )
+
+// v2WideValue is v2WideField's value: 65 bytes.
+var v2WideValue = strings.Repeat("-", 65)
 
 var (
 	//go:embed scripts/index2_lib.lua
@@ -53,6 +63,7 @@ var (
 	//go:embed scripts/index2_evict.lua
 	luaIndex2Evict string
 
+	// The wide field's name and value are the scripts' too (index2_lib.lua: wide).
 	scriptIndex2Record         = redis.NewScript(luaIndex2Lib + luaIndex2Record)
 	scriptIndex2Demote         = redis.NewScript(luaIndex2Lib + luaIndex2Demote)
 	scriptIndex2ClearConfirmed = redis.NewScript(luaIndex2Lib + luaIndex2ClearConfirmed)
@@ -537,12 +548,14 @@ func (r *RedisIndex) applyV2(ctx context.Context, f *Fence, op, model string, up
 		return nil
 	}
 	reads := make(map[cell][]*redis.SliceCmd, len(order))
+	hlens := make(map[cell]*redis.IntCmd, len(order))
 	var counts []*redis.IntCmd
 	var countEps []EndpointID
 	err := r.round(ctx, op, model, f, func(p redis.Pipeliner) {
 		for _, c := range order {
 			ks := fields[c]
 			hk := r.v2Hash(model, c.fam, c.ep)
+			hlens[c] = p.HLen(ctx, hk)
 			for i := 0; i < len(ks); i += v2WriteChunk {
 				fs := make([]string, 0, min(v2WriteChunk, len(ks)-i))
 				for _, k := range ks[i:min(i+v2WriteChunk, len(ks))] {
@@ -594,6 +607,7 @@ func (r *RedisIndex) applyV2(ctx context.Context, f *Fence, op, model string, up
 			hk := r.v2Hash(model, c.fam, c.ep)
 			var set []any
 			var del []string
+			added := int64(0)
 			for j, k := range fields[c] {
 				o, nv := old[c][j], cur[c][j]
 				switch {
@@ -605,8 +619,12 @@ func (r *RedisIndex) applyV2(ctx context.Context, f *Fence, op, model string, up
 					set = append(set, keyField(k), string([]byte{nv}))
 					if o == 0 {
 						delta[c.ep]++
+						added++
 					}
 				}
+			}
+			if n := hlens[c].Val(); n < v2WideAt && n+added >= v2WideAt {
+				set = append(set, v2WideField, v2WideValue)
 			}
 			for i := 0; i < len(set); i += 2 * v2WriteChunk {
 				p.HSet(ctx, hk, set[i:min(i+2*v2WriteChunk, len(set))]...)

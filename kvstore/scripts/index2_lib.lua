@@ -15,3 +15,10 @@ local function sweep(k)
   end
   if #del > 0 then redis.call('HDEL', k, unpack(del)) end
 end
+-- widen gives hash k the wide field ('~', 65 bytes: longer than hash-max-listpack-value) once it has 32
+-- fields, so Redis keeps it as a hash table (listpack lookups are linear; redis_index_v2.go: v2WideAt).
+local function widen(k)
+  if redis.call('HLEN', k) >= 32 and redis.call('HEXISTS', k, '~') == 0 then
+    redis.call('HSET', k, '~', string.rep('-', 65))
+  end
+end

@@ -6,6 +6,6 @@ for i = 2, #ARGV do
   local old = tonumber(redis.call('HGET', k, ARGV[i]) or '0') or 0
   if old < exp then set[#set + 1] = ARGV[i]; set[#set + 1] = ms(exp) end
 end
-if #set > 0 then redis.call('HSET', k, unpack(set)) end
+if #set > 0 then redis.call('HSET', k, unpack(set)); widen(k) end
 sweep(k)
 return 0
