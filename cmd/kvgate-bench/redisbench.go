@@ -617,6 +617,7 @@ func readSlowest(ctx context.Context, c *redis.Client) slowest {
 			if len(a) > 60 {
 				a = a[:60] + "…"
 			}
+			a = strings.Trim(strconv.QuoteToGraphic(a), `"`) // layout 2's field names are binary
 			s = slowest{Dur: l.Duration, Args: a}
 		}
 	}
