@@ -442,6 +442,50 @@ func (r *RedisIndex) round(ctx context.Context, op, model string, f *Fence, read
 		return nil
 	}
 	fk := r.FenceKeyName(model, f.Scope)
+	if cl, ok := r.c.(*redis.Client); ok {
+		// One connection, two round trips: WATCH, the fence and the reads in one pipeline, then MULTI, the
+		// writes and EXEC (which ends the WATCH). go-redis's Watch would add a round trip for WATCH and one
+		// for UNWATCH.
+		conn := cl.Conn()
+		defer conn.Close()
+		unwatch := func() { _ = conn.Do(ctx, "UNWATCH").Err() }
+		var err error
+		for attempt := 0; attempt < 4; attempt++ {
+			var fg *redis.StringCmd
+			cmds, perr := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.Do(ctx, "WATCH", fk)
+				fg = p.Get(ctx, fk)
+				if reads != nil {
+					reads(p)
+				}
+				return nil
+			})
+			if perr != nil && !errors.Is(perr, redis.Nil) {
+				unwatch()
+				return fmt.Errorf("kvstore: redis %s: %w", op, perr)
+			}
+			if err := check(cmds, fg); err != nil {
+				unwatch()
+				return err
+			}
+			var n int
+			_, err = conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				n = writes(p)
+				return nil
+			})
+			if n == 0 {
+				unwatch()
+				return nil
+			}
+			if err == nil || errors.Is(err, redis.Nil) {
+				return nil
+			}
+			if !errors.Is(err, redis.TxFailedErr) {
+				return redisErr(op, err)
+			}
+		}
+		return fmt.Errorf("kvstore: redis %s: fence kept changing: %w", op, err)
+	}
 	var err error
 	for attempt := 0; attempt < 4; attempt++ {
 		err = r.c.Watch(ctx, func(tx *redis.Tx) error {
@@ -565,6 +609,7 @@ func (r *RedisIndex) applyV2(ctx context.Context, f *Fence, op, model string, up
 			}
 		}
 	}, func(p redis.Pipeliner) int {
+		counts, countEps = nil, nil // a retried round calls this again
 		old := map[cell][]byte{}
 		for _, c := range order {
 			vs := make([]byte, 0, len(fields[c]))
