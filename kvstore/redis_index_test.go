@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -165,5 +167,40 @@ func TestRedisIndexEndpointCapConformance(t *testing.T) {
 				return idx
 			})
 		})
+	}
+}
+
+// TestRedisLayout2SurvivesScriptFlush: layout 2's scripts (long records, demotion, clear of confirmed
+// entries) are loaded again after a SCRIPT FLUSH; its ingestion writes use none.
+func TestRedisLayout2SurvivesScriptFlush(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix(), IndexLayout: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := kvstore.Hasher{}.Keys(make([]uint32, 64), 16, kvstore.ExtraKeys{})
+	fams := []kvstore.Family{kvstore.FamilyOf(ks[0]), kvstore.FamilyOf(ks[0]), kvstore.FamilyOf(ks[0]), kvstore.FamilyOf(ks[0])}
+	if err := idx.Apply(ctx, "m", []kvstore.Update{{Endpoint: "a", Tier: kvstore.TierCPU, Keys: ks, Families: fams}}); err != nil {
+		t.Fatal(err)
+	}
+	flushThen := func(what string, f func() error) {
+		t.Helper()
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := f(); err != nil {
+			t.Fatalf("%s after SCRIPT FLUSH: %v", what, err)
+		}
+	}
+	flushThen("record", func() error { return idx.Record(ctx, "m", "b", ks[:2], time.Minute) })
+	flushThen("demote", func() error { return idx.Demote(ctx, "m", "a", time.Minute) })
+	flushThen("clear confirmed", func() error { return idx.ClearConfirmed(ctx, "m", "a") })
+	got, err := idx.Match(ctx, "m", ks)
+	slices.SortFunc(got, func(x, y kvstore.EndpointMatch) int { return strings.Compare(string(x.Endpoint), string(y.Endpoint)) })
+	want := []kvstore.EndpointMatch{{Endpoint: "a", GPUBlocks: 4}, {Endpoint: "b", GPUBlocks: 2}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("match %+v, %v; want %+v (a demoted, b recorded)", got, err, want)
 	}
 }
