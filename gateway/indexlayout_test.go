@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
 
@@ -141,10 +142,21 @@ func TestIndexLayoutRollingUpgrade(t *testing.T) {
 	}
 	n3 := startGateway(t, newYAML)
 	primed(n2)
+	if ri, ok := n3.store.Index.(*kvstore.RedisIndex); !ok || ri.Layout(context.Background()) != 0 {
+		t.Fatal("a new gateway before the marker is not in the upgrade window")
+	}
 	if err := c.Set(context.Background(), "kvg:v1:index-layout", "2", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond) // every gateway checks the marker at least once a second
+	for _, g := range []*Gateway{n2, n3} { // every gateway reads the marker once a second
+		ri, ok := g.store.Index.(*kvstore.RedisIndex)
+		if !ok {
+			t.Fatalf("store index %T", g.store.Index)
+		}
+		if !waitFor(5*time.Second, func() bool { return ri.Layout(context.Background()) == 2 }) {
+			t.Fatalf("%s still on layout %d after the marker", g.Addr(), ri.Layout(context.Background()))
+		}
+	}
 	v1Before := countKeys(t, c, "kvg:v1:{qwen3}:b:*")
 	ep = routeAndWait(n3, 3)
 	time.Sleep(300 * time.Millisecond)

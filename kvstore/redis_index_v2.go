@@ -151,6 +151,15 @@ func (r *RedisIndex) stopMarker() {
 	}
 }
 
+// Layout returns the index layout in effect: 1, 2, or 0 for the upgrade window (layout 1 read, both
+// written). With RedisConfig.IndexLayout 0 it follows the store's marker (read at most a second ago).
+func (r *RedisIndex) Layout(ctx context.Context) int {
+	if m := r.layoutNow(ctx); m != modeDual {
+		return m
+	}
+	return 0
+}
+
 // IndexLayoutKeyName returns the store's index-layout marker key ("<Prefix>:v1:index-layout").
 func (r *RedisIndex) IndexLayoutKeyName() string { return r.base + indexLayoutMarker }
 
