@@ -548,7 +548,7 @@ func (r *RedisIndex) loadV2(ctx context.Context) error {
 // withScripts runs fn, and once more after loading the scripts if it failed with NOSCRIPT.
 func (r *RedisIndex) withScripts(ctx context.Context, fn func() error) error {
 	err := fn()
-	if err != nil && (redis.HasErrorPrefix(errors.Unwrap(err), "NOSCRIPT") || redis.HasErrorPrefix(err, "NOSCRIPT") || containsNoscript(err)) {
+	if err != nil && containsNoscript(err) {
 		if lerr := r.loadV2(ctx); lerr != nil {
 			return lerr
 		}
