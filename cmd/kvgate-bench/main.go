@@ -47,6 +47,8 @@ type options struct {
 	stores    []string
 	policies  []string
 	keep      bool
+	// overheadOut is --overhead-out: where the overhead mode writes its report as JSON ("" = nowhere).
+	overheadOut string
 	// policiesSet is true when --policies was given; cmp holds --mode compare's flags (compare.go).
 	policiesSet bool
 	cmp         compareOptions
@@ -76,6 +78,7 @@ func parseFlags(args []string) (options, error) {
 		"quality: policies to compare: three-tier (built in) and examples/policies/<name> directories")
 	addRedisFlags(fs)
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, process logs)")
+	fs.StringVar(&o.overheadOut, "overhead-out", "", "overhead: also write the report (rows, multi-turn curve, machine load, verdicts) as JSON to this file")
 	finishCompare := addCompareFlags(fs, &o.cmp)
 	if err := fs.Parse(args); err != nil {
 		return o, err
