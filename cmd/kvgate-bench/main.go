@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,6 +50,9 @@ type options struct {
 	keep      bool
 	// overheadOut is --overhead-out: where the overhead mode writes its report as JSON ("" = nowhere).
 	overheadOut string
+	// overheadSizes and overheadTurnsTo override the overhead plan's prompt sizes and multi-turn length.
+	overheadSizes   []int
+	overheadTurnsTo int
 	// policiesSet is true when --policies was given; cmp holds --mode compare's flags (compare.go).
 	policiesSet bool
 	cmp         compareOptions
@@ -76,6 +80,8 @@ func parseFlags(args []string) (options, error) {
 	stores := fs.String("stores", "memory,redis", "stores to measure overhead with (memory, redis)")
 	policies := fs.String("policies", "three-tier,round-robin,least-loaded,power-of-two-choices,sglang-cache-aware,llmd-weighted",
 		"quality: policies to compare: three-tier (built in) and examples/policies/<name> directories")
+	sizes := fs.String("overhead-sizes", "", "overhead: prompt sizes in tokens, comma-separated (default 512,2048,8192,32768,131072; with --quick 512,2048,8192)")
+	fs.IntVar(&o.overheadTurnsTo, "overhead-turns-to", 0, "overhead: grow the multi-turn conversations to this many tokens (default 34000; with --quick 8192)")
 	addRedisFlags(fs)
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, process logs)")
 	fs.StringVar(&o.overheadOut, "overhead-out", "", "overhead: also write the report (rows, multi-turn curve, machine load, verdicts) as JSON to this file")
@@ -116,6 +122,19 @@ func parseFlags(args []string) (options, error) {
 		default:
 			return o, fmt.Errorf("--stores: unknown store %q", s)
 		}
+	}
+	for v := range strings.SplitSeq(*sizes, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 64 || n > 200_000 {
+			return o, fmt.Errorf("--overhead-sizes: %q: want token counts from 64 to 200000", v)
+		}
+		o.overheadSizes = append(o.overheadSizes, n)
+	}
+	if o.overheadTurnsTo < 0 {
+		return o, fmt.Errorf("--overhead-turns-to %d: want a positive token count", o.overheadTurnsTo)
 	}
 	for p := range strings.SplitSeq(*policies, ",") {
 		if p = strings.TrimSpace(p); p != "" {

@@ -46,9 +46,20 @@ type overheadPlan struct {
 }
 
 func (b *bench) overheadPlan() overheadPlan {
+	p := b.defaultOverheadPlan()
+	if len(b.o.overheadSizes) > 0 {
+		p.Sizes = b.o.overheadSizes
+	}
+	if b.o.overheadTurnsTo > 0 {
+		p.TurnsTo = b.o.overheadTurnsTo
+	}
+	return p
+}
+
+func (b *bench) defaultOverheadPlan() overheadPlan {
 	if b.o.cmp.quick {
 		return overheadPlan{Sizes: []int{512, 2048, 8192}, Rounds: min(b.o.requests, 60), CPUTarget: overheadCPUTargetQuick,
-			CPUMaxReqs: 3000, CPUMaxWall: 4 * time.Second, Conversations: 4, TurnTokens: 500, TurnsTo: 8192, TurnGroup: 4,
+			CPUMaxReqs: 3000, CPUMaxWall: 4 * time.Second, Conversations: 6, TurnTokens: 500, TurnsTo: 8192, TurnGroup: 4,
 			IdleWindow: time.Second}
 	}
 	return overheadPlan{Sizes: []int{512, 2048, 8192, 32768, 131072}, Rounds: b.o.requests, CPUTarget: overheadCPUTargetFull,
@@ -294,7 +305,7 @@ func (b *bench) overhead(ctx context.Context) error {
 		return err
 	}
 	src := &benchTextSource{text: raw, bytesPerToken: float64(nb) / 2000}
-	rep := overheadReport{Quick: plan.Rounds < b.o.requests || b.o.cmp.quick, CPUs: numCPU(), Nginx: findNginx()}
+	rep := overheadReport{Quick: b.o.cmp.quick, CPUs: numCPU(), Nginx: findNginx()}
 	var ngx *nginxProxy
 	if rep.Nginx != "" {
 		if ngx, err = b.startNginx(ctx, rep.Nginx, e.HTTPAddr); err != nil {
@@ -579,12 +590,8 @@ func (b *bench) multiTurn(ctx context.Context, plan overheadPlan, model string, 
 				prompt += a.PromptTokens
 				convs[c] = append(convs[c], msg{"assistant", reply})
 			}
-			if prompt/int64(len(convs)) >= int64(plan.TurnsTo) {
-				done = true
-			}
-			if done {
-				break
-			}
+			// The group is finished even past TurnsTo: its CPU is counted over all its turns.
+			done = done || prompt/int64(len(convs)) >= int64(plan.TurnsTo)
 			prompt = 0
 		}
 		if _, err := waitQuiet(g, idleRate); err != nil {
