@@ -166,6 +166,9 @@ func TestOverheadEndToEnd(t *testing.T) {
 			t.Errorf("turns %s: %+v", tr.Turns, tr)
 		}
 	}
+	if len(rep.Failed) > 0 {
+		t.Errorf("failed scenarios: %q", rep.Failed)
+	}
 	if len(rep.Verdicts) != 4 {
 		t.Fatalf("verdicts %+v", rep.Verdicts)
 	}
