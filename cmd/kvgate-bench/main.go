@@ -2,11 +2,12 @@
 // `kvgate serve`, redis-server) through cmd/kvgate-bench/harness, writes their gateway configs with gateway/config's
 // own types (optionally starting from the user's --config file), and measures:
 //
-//   - overhead: the latency and CPU the gateway adds per request against calling the simulator directly, in
-//     the same run (direct and gateway requests interleaved): a chat request of a 1.8k-token prefix seen
-//     before plus 200 new tokens, and a fully new 2k-token prompt, both with 1 output token; memory and
-//     Redis stores. CPU per request is the gateway process's utime+stime (/proc/<pid>/stat) over a block
-//     of back-to-back requests, less its idle background over the same wall time.
+//   - overhead: the latency and CPU the gateway adds per request against calling the simulator directly
+//     and against nginx in front of the same simulator, in the same run (the paths interleaved): ~55-token
+//     prompts and 512 to 128k-token prompts cut from the tokenizer's bench text, with a seen prefix and
+//     fresh, then a multi-turn conversation's cost per new turn; memory and Redis stores. CPU per request is
+//     utime+stime (/proc/<pid>/stat) over a block of back-to-back requests (kvgate's less its idle
+//     background); the targets are judged with the machine's load average and steal (overhead.go).
 //   - quality: the prefix-cache hit rate of each policy (the built-in three-tier and example policies
 //     uploaded through the admin API) on a shared-prefix workload, beside the oracle hit rate (one infinite
 //     cache), and the request spread over endpoints.
