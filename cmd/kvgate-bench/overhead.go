@@ -424,14 +424,19 @@ func (b *bench) measureOverhead(ctx context.Context, plan overheadPlan, store st
 	steal0, total0 := procStat()
 	rounds := max(8, plan.Rounds*2048/max(sc.tokens, 2048))
 	row.Rounds = rounds
-	// Calibrate the text cuts: two rounds of scaling by target / measured tokens (the text's density varies).
+	// Calibrate the text cuts: two rounds of scaling by target / mean measured tokens of four bodies (the
+	// text's density varies from cut to cut).
 	scale := 1.0
 	for k := range 2 {
-		ids, err := e.Tokenize(ctx, sc.make(scale)(2_000_000+k))
-		if err != nil {
-			return row, err
+		got := 0
+		for j := range 4 {
+			ids, err := e.Tokenize(ctx, sc.make(scale)(2_000_000+4*k+j))
+			if err != nil {
+				return row, err
+			}
+			got += len(ids)
 		}
-		scale *= float64(sc.tokens) / float64(max(len(ids), 1))
+		scale *= float64(sc.tokens) / float64(max(got/4, 1))
 	}
 	body := sc.make(scale)
 	// The direct (and nginx) bodies carry the token IDs, as kvgate sends them to an enginesim endpoint.
