@@ -90,9 +90,15 @@ bench-go:
 ## longest call (kvgate-bench --mode redis; cmd/kvgate-bench/README.md, docs/benchmarks.md).
 bench-redis:
 	$(GO) run ./cmd/kvgate-bench --mode redis --requests 300 --redis-layouts 1,2
-## bench-overhead, bench-quality: kvgate-bench's gateway-overhead and single-load quality modes.
+## bench-overhead: the gateway's own cost per request against the engine directly and against nginx
+## (Debian's, when installed) in front of the same engine, interleaved in one run: CPU per request and
+## added latency for ~55-token prompts and 512..128k-token prompts (seen prefix and fresh), a multi-turn
+## curve, the machine's load, the issue-16 targets (about 15 min; OVERHEAD_ARGS='--quick --stores memory'
+## takes under 3 min; cmd/kvgate-bench/README.md, "Overhead").
+## bench-quality: kvgate-bench's single-load quality mode.
+OVERHEAD_ARGS ?=
 bench-overhead: bench-build
-	$(BENCH) --mode overhead
+	$(BENCH) --mode overhead $(OVERHEAD_ARGS)
 bench-quality: bench-build
 	$(BENCH) --mode quality
 

@@ -183,3 +183,40 @@ func BenchmarkMachineStalls(b *testing.B) {
 	b.ReportMetric(float64(gaps[len(gaps)/2].Nanoseconds()), "stall-p50-ns")
 	b.ReportMetric(100*float64(lost)/float64(spun), "stolen-%")
 }
+
+// fleetSizes are the endpoint counts BenchmarkRankFleetSize ranks: either side of the packed keys'
+// former 64-endpoint limit, up to 1,024.
+var fleetSizes = []int{16, 64, 65, 128, 256, 512, 1024}
+
+// BenchmarkRankFleetSize: one decision of the built-in policy through Host.Rank (trusted, unmetered)
+// and of the native ranker, at 16 to 1,024 endpoints, with per-call p50-ns and p99-ns (issue 16's
+// target: p50 at 256 ≤ 3× p50 at 16, p99 ≤ 3× p50, no cliff between 64 and 1,024). Run with
+// -benchtime 20000x or more so p99 has 200 samples.
+func BenchmarkRankFleetSize(b *testing.B) {
+	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Second})
+	for _, n := range fleetSizes {
+		snaps := benchSnapshots(n)
+		for _, mode := range []string{"builtin", "native"} {
+			b.Run(mode+"/"+strconv.Itoa(n), func(b *testing.B) {
+				lat := make([]time.Duration, 0, 1<<16)
+				r := threetier.New(threetier.DefaultConfig())
+				out := make([]uint32, 0, n)
+				i := 0
+				for b.Loop() {
+					s := &snaps[i%len(snaps)]
+					i++
+					t0 := time.Now()
+					if mode == "native" {
+						out, _ = r.Rank(s, out[:0])
+					} else if _, info := h.Rank(context.Background(), "m", s); info.Fallback {
+						b.Fatalf("fallback %+v", info)
+					}
+					if len(lat) < cap(lat) {
+						lat = append(lat, time.Since(t0))
+					}
+				}
+				reportQuantiles(b, lat)
+			})
+		}
+	}
+}

@@ -73,6 +73,29 @@ func TestNativeMatchesWasm10k(t *testing.T) {
 	t.Logf("branches: %v", tiers)
 }
 
+// TestNativeMatchesWasmLargeFleets: the embedded module and the native fallback rank random fleets of
+// 1 to 1,024 endpoints identically (the packed-key fast path past 64 endpoints, in Wasm and natively).
+func TestNativeMatchesWasmLargeFleets(t *testing.T) {
+	h := newTestHost(t, Options{})
+	n := 1500
+	if testing.Short() {
+		n = 300
+	}
+	for i := 0; i < n; i++ {
+		rng := sdk.NewRand(uint64(i))
+		size := 1 + rng.Intn(1024)
+		if i%10 == 0 {
+			size = fleetSizes[i/10%len(fleetSizes)]
+		}
+		s := RandomSnapshot(uint64(i)+77, size)
+		want, _ := nativeRank(threetier.DefaultConfig(), &s)
+		got, info := h.Rank(context.Background(), "m", &s)
+		if info.Fallback || !slices.Equal(got, want) {
+			t.Fatalf("snapshot %d (%d endpoints): wasm %v %+v, native %v", i, size, got, info, want)
+		}
+	}
+}
+
 func TestActivateConfigReachesGuest(t *testing.T) {
 	h := newTestHost(t, Options{})
 	// Loads [20,0,0] with the prefix on endpoint 0: overloaded under the default threshold 8

@@ -2,11 +2,12 @@
 // `kvgate serve`, redis-server) through cmd/kvgate-bench/harness, writes their gateway configs with gateway/config's
 // own types (optionally starting from the user's --config file), and measures:
 //
-//   - overhead: the latency and CPU the gateway adds per request against calling the simulator directly, in
-//     the same run (direct and gateway requests interleaved): a chat request of a 1.8k-token prefix seen
-//     before plus 200 new tokens, and a fully new 2k-token prompt, both with 1 output token; memory and
-//     Redis stores. CPU per request is the gateway process's utime+stime (/proc/<pid>/stat) over a block
-//     of back-to-back requests, less its idle background over the same wall time.
+//   - overhead: the latency and CPU the gateway adds per request against calling the simulator directly
+//     and against nginx in front of the same simulator, in the same run (the paths interleaved): ~55-token
+//     prompts and 512 to 128k-token prompts cut from the tokenizer's bench text, with a seen prefix and
+//     fresh, then a multi-turn conversation's cost per new turn; memory and Redis stores. CPU per request is
+//     utime+stime (/proc/<pid>/stat) over a block of back-to-back requests (kvgate's less its idle
+//     background); the targets are judged with the machine's load average and steal (overhead.go).
 //   - quality: the prefix-cache hit rate of each policy (the built-in three-tier and example policies
 //     uploaded through the admin API) on a shared-prefix workload, beside the oracle hit rate (one infinite
 //     cache), and the request spread over endpoints.
@@ -27,6 +28,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +49,11 @@ type options struct {
 	stores    []string
 	policies  []string
 	keep      bool
+	// overheadOut is --overhead-out: where the overhead mode writes its report as JSON ("" = nowhere).
+	overheadOut string
+	// overheadSizes and overheadTurnsTo override the overhead plan's prompt sizes and multi-turn length.
+	overheadSizes   []int
+	overheadTurnsTo int
 	// policiesSet is true when --policies was given; cmp holds --mode compare's flags (compare.go).
 	policiesSet bool
 	cmp         compareOptions
@@ -74,8 +81,11 @@ func parseFlags(args []string) (options, error) {
 	stores := fs.String("stores", "memory,redis", "stores to measure overhead with (memory, redis)")
 	policies := fs.String("policies", "three-tier,round-robin,least-loaded,power-of-two-choices,sglang-cache-aware,llmd-weighted",
 		"quality: policies to compare: three-tier (built in) and examples/policies/<name> directories")
+	sizes := fs.String("overhead-sizes", "", "overhead: prompt sizes in tokens, comma-separated (default 512,2048,8192,32768,131072; with --quick 512,2048,8192)")
+	fs.IntVar(&o.overheadTurnsTo, "overhead-turns-to", 0, "overhead: grow the multi-turn conversations to this many tokens (default 34000; with --quick 8192)")
 	addRedisFlags(fs)
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, process logs)")
+	fs.StringVar(&o.overheadOut, "overhead-out", "", "overhead: also write the report (rows, multi-turn curve, machine load, verdicts) as JSON to this file")
 	finishCompare := addCompareFlags(fs, &o.cmp)
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -113,6 +123,19 @@ func parseFlags(args []string) (options, error) {
 		default:
 			return o, fmt.Errorf("--stores: unknown store %q", s)
 		}
+	}
+	for v := range strings.SplitSeq(*sizes, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 64 || n > 200_000 {
+			return o, fmt.Errorf("--overhead-sizes: %q: want token counts from 64 to 200000", v)
+		}
+		o.overheadSizes = append(o.overheadSizes, n)
+	}
+	if o.overheadTurnsTo < 0 {
+		return o, fmt.Errorf("--overhead-turns-to %d: want a positive token count", o.overheadTurnsTo)
 	}
 	for p := range strings.SplitSeq(*policies, ",") {
 		if p = strings.TrimSpace(p); p != "" {

@@ -149,26 +149,33 @@ func MatchRate(gpu, cpu, blockSize, promptTokens uint32, cpuWeight float64) floa
 	return float64(credit*float64(blockSize)) / float64(promptTokens)
 }
 
-// Packed key layout of the fast path, most significant bit first:
+// Packed key layout of the fast path, most significant bit first, with pb position bits (posBits(k)
+// for k healthy endpoints: 6 up to 64, then bits.Len(k−1), at most 11):
 //
-//	63      group: 1 = after the others (overloaded in affinity, not drawn in balance)
-//	62..40  rate field (affinity, group 0 only): 2^23−1 − (rate bits >> 40), so higher rates first
-//	39..6   load in its lb bits (lb = bits.Len64 of the highest load, ≤ 33), then the tie key's top 34−lb bits
-//	5..0    position in items
+//	63        group: 1 = after the others (overloaded in affinity, not drawn in balance)
+//	62..40    rate field (affinity, group 0 only): 2^23−1 − (rate bits >> 40), so higher rates first
+//	39..pb    load in its lb bits (lb = bits.Len64 of the highest load), then the tie key's top 40−pb−lb
+//	          bits (none when lb = 40−pb; a larger lb takes rankFull)
+//	pb−1..0   position in items
 //
 // The key orders exactly like before() unless two keys tie above the position bits or two group-0
 // affinity keys share a rate field with different rates; emit detects both and Rank then reranks with
 // rankFull.
 const (
-	posBits   = 6
-	posMask   = 1<<posBits - 1
-	fieldLow  = 40 // lowest bit of the rate field
-	rateField = 1<<23 - 1
-	group     = 1 << 63
+	minPosBits = 6
+	maxPosBits = 11
+	fieldLow   = 40 // lowest bit of the rate field
+	rateField  = 1<<23 - 1
+	group      = 1 << 63
 )
 
-// maxFast is the largest fleet the packed keys hold (positions in 6 bits).
-const maxFast = 1 << posBits
+// maxFast is the largest fleet the packed keys hold (positions in 11 bits; a v1.0 snapshot in the Go
+// SDK's 64 KiB buffer has at most sdk.MaxEndpoints = 1,364).
+const maxFast = 1 << maxPosBits
+
+// posBits returns the position bits of the packed keys for k items: 6 up to 64 (the layout the fast
+// path had when it stopped at 64), else bits.Len(k−1).
+func posBits(k int) uint { return max(minPosBits, uint(bits.Len(uint(k-1)))) }
 
 // overLimit turns the imbalance threshold t into an integer: float64(d) > t ⇔ int64(d) > overLimit(t)
 // for every load difference 0 ≤ d < 2^33.
@@ -187,11 +194,12 @@ func overLimit(t float64) int64 {
 // Rank appends the ranking of s (Endpoint.Index values, best first) to out and returns it with the
 // branch taken.
 //
-// Up to 64 endpoints it sorts one packed 64-bit key per endpoint (sorting networks up to 16, merged
+// Up to 2,048 endpoints it sorts one packed 64-bit key per endpoint (sorting networks up to 16, merged
 // above): in Go's wasm code every loop iteration and taken branch goes through the function's dispatch
 // loop, so the fast path keeps its loops in small functions without branches. It falls back to
-// rankFull (the multi-field comparison) above 64 endpoints, for a CPU weight outside [0,1] and when the
-// packed keys cannot decide an order.
+// rankFull (the multi-field comparison) above 2,048 endpoints, for a CPU weight outside [0,1], for a
+// load too wide for the key (more than 40 − position bits: above 2^29 requests at 2,048 endpoints) and
+// when the packed keys cannot decide an order.
 func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	cfg := &r.Config
 	req := &s.Request
@@ -212,8 +220,11 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	}
 	items := r.items[:k]
 	keys := r.keys[:k]
-	lb := uint(bits.Len64(maxLoad))
-	bf, bo, nOver := classify(items, keys, minLoad, overLimit(cfg.ImbalanceThreshold), lb)
+	lb, pb := uint(bits.Len64(maxLoad)), posBits(k)
+	if lb > fieldLow-pb {
+		return r.rankFull(s, out)
+	}
+	bf, bo, nOver := classify(items, keys, minLoad, overLimit(cfg.ImbalanceThreshold), lb, pb)
 	bestFree, bestOver := math.Float64frombits(bf), math.Float64frombits(bo)
 	if nOver == len(items) {
 		bestFree = -1
@@ -226,7 +237,7 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 		tier = rekey(keys, bestOver >= cfg.MatchThreshold, req.Seed)
 	}
 	sortPacked(keys, r.keys[:cap(r.keys)])
-	res, tied := emit(slices.Grow(out, len(keys)), keys, items)
+	res, tied := emit(slices.Grow(out, len(keys)), keys, items, pb)
 	if tied {
 		return r.rankFull(s, out)
 	}
@@ -278,13 +289,15 @@ func scan(eps []sdk.Endpoint, items []item, seed uint64, bs, pt, w float64) (k i
 	return k, minLoad, maxLoad
 }
 
-// classify writes each item's packed key as the affinity branch wants it and returns the bits of the
-// best match rates of the free and the overloaded items (rates are ≥ 0, so their bits order like them)
-// and the number of overloaded ones.
+// classify writes each item's packed key as the affinity branch wants it (lb load bits, pb position
+// bits, lb+pb ≤ 40) and returns the bits of the best match rates of the free and the overloaded items
+// (rates are ≥ 0, so their bits order like them) and the number of overloaded ones.
 //
 //go:noinline
-func classify(items []item, keys []uint64, minLoad uint64, limit int64, lb uint) (bestFree, bestOver uint64, nOver int) {
+func classify(items []item, keys []uint64, minLoad uint64, limit int64, lb, pb uint) (bestFree, bestOver uint64, nOver int) {
 	keys = keys[:len(items)]
+	// The tie key's top fieldLow−pb−lb bits (a shift by 64 gives 0: no tie bits).
+	tieShift := 64 - (fieldLow - pb - lb)
 	for i := range items {
 		it := &items[i]
 		rb := math.Float64bits(it.rate)
@@ -294,25 +307,26 @@ func classify(items []item, keys []uint64, minLoad uint64, limit int64, lb uint)
 		}
 		nOver += int(m & 1)
 		rf := (rateField - rb>>fieldLow) << fieldLow
-		keys[i] = it.load<<(fieldLow-lb) | it.key>>(30+lb)<<posBits | uint64(i) | group&m | rf&^m
+		keys[i] = it.load<<(fieldLow-lb) | it.key>>tieShift<<pb | uint64(i) | group&m | rf&^m
 		bestOver = max(bestOver, rb&m)
 		bestFree = max(bestFree, rb&^m)
 	}
 	return bestFree, bestOver, nOver
 }
 
-// emit appends the indices of the items in key order and reports whether the packed keys failed to
-// decide the order: two keys equal above the position bits, or adjacent keys with the same nonzero
-// rate field (group 0 in affinity) whose exact rates differ.
+// emit appends the indices of the items in key order and reports whether the packed keys (pb position
+// bits) failed to decide the order: two keys equal above the position bits, or adjacent keys with the
+// same nonzero rate field (group 0 in affinity) whose exact rates differ.
 //
 //go:noinline
-func emit(out []uint32, keys []uint64, items []item) ([]uint32, bool) {
+func emit(out []uint32, keys []uint64, items []item, pb uint) ([]uint32, bool) {
 	o := len(out)
 	out = out[:o+len(keys)]
 	dst := out[o:]
 	dst = dst[:len(keys)]
 	base := unsafe.Pointer(unsafe.SliceData(items))
 	var tied uint64
+	posMask := uint64(1)<<pb - 1
 	prev, prevRate := uint64(math.MaxUint64), uint64(0)
 	for j, kk := range keys {
 		// The position bits are < len(items) (classify wrote them).
@@ -321,7 +335,7 @@ func emit(out []uint32, keys []uint64, items []item) ([]uint32, bool) {
 		top := kk >> fieldLow
 		// Three flags combined without && or ||: each short-circuit is a jump in Go's wasm code.
 		var t, u, v uint64
-		if kk>>posBits == prev>>posBits {
+		if kk>>pb == prev>>pb {
 			t = 1
 		}
 		if top == prev>>fieldLow {
@@ -441,7 +455,7 @@ func rekey(keys []uint64, balance bool, seed uint64) Tier {
 	return TierBalance
 }
 
-// sortPacked sorts keys (at most 64) ascending; all is keys' backing array with room for 16.
+// sortPacked sorts keys ascending; all is keys' backing array with room for keysCap(len(keys)).
 //
 //go:noinline
 func sortPacked(keys, all []uint64) {
@@ -465,7 +479,7 @@ func sortPacked(keys, all []uint64) {
 // is group | 2^40−1), smaller than the merge sentinel.
 const mergePad = math.MaxUint64 - 1
 
-// sortMerge sorts keys (17 to 64 of them): blocks of 16 by sortNet16, then runs merged pairwise. all
+// sortMerge sorts keys (more than 16): blocks of 16 by sortNet16, then runs merged pairwise. all
 // is keys' backing array, with room for a multiple of 16 keys plus the merge's scratch (2·64 + 2).
 func sortMerge(keys, all []uint64) {
 	n := (len(keys) + 15) &^ 15

@@ -282,12 +282,16 @@ func TestRankOddConfigs(t *testing.T) {
 	}
 }
 
-// TestSortMerge: 17 to 64 distinct random keys (sorted by 16-networks and merged) come out as
+// TestSortMerge: 17 to 1,100 distinct random keys (sorted by 16-networks and merged) come out as
 // slices.Sort orders them, including keys at the top of the packed range.
 func TestSortMerge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for iter := range 3000 {
 		n := 17 + iter%48
+		if iter%4 == 0 {
+			n = 17 + rng.IntN(1100)
+		}
+		posMask := uint64(1)<<posBits(n) - 1
 		all := make([]uint64, keysCap(n))
 		keys := all[:n]
 		for i := range keys {
@@ -306,4 +310,63 @@ func TestSortMerge(t *testing.T) {
 			t.Fatalf("n=%d: got %x, want %x", n, keys, want)
 		}
 	}
+}
+
+// TestRankLargeFleets: random snapshots of 1 to 1,024 endpoints rank exactly as refRank and as
+// rankFull (the path every fleet over 64 endpoints took before the packed keys grew position bits),
+// and the packed keys decide nearly all of them (rankFull sets r.perm; the fast path leaves it empty).
+func TestRankLargeFleets(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 1024))
+	iters := 3000
+	if testing.Short() {
+		iters = 600
+	}
+	fast, tiers := 0, map[Tier]int{}
+	for iter := range iters {
+		n := 1 + rng.IntN(1024)
+		if iter%8 == 0 {
+			n = []int{64, 65, 128, 129, 256, 512, 1024}[iter/8%7]
+		}
+		maxLoad := []int{2, 41, 1000, 1 << 20}[iter%4]
+		s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: uint32(rng.IntN(4097)), BlockSize: 16, Seed: rng.Uint64()}}
+		blocks := int(s.Request.PromptTokens / 16)
+		for i := range n {
+			e := sdk.Endpoint{Index: uint32(i), Waiting: uint32(rng.IntN(maxLoad)), InFlightRequests: uint32(rng.IntN(21))}
+			if rng.IntN(8) != 0 {
+				e.Flags = sdk.FlagHealthy
+			}
+			if blocks > 0 && rng.IntN(3) == 0 {
+				m := rng.IntN(blocks + 1)
+				e.GPUBlocks = uint32(rng.IntN(m + 1))
+				e.CPUBlocks = uint32(m) - e.GPUBlocks
+			}
+			if iter%3 == 0 && e.Waiting < uint32(maxLoad)/2 || iter%5 == 1 { // balance; miss
+				e.GPUBlocks, e.CPUBlocks = 0, 0
+			}
+			s.Endpoints = append(s.Endpoints, e)
+		}
+		r := New(DefaultConfig())
+		want, wantTier := refRank(r.Config, s)
+		got, gotTier := r.Rank(s, nil)
+		if gotTier != wantTier || !slices.Equal(got, want) {
+			t.Fatalf("iter %d (n=%d): got %v %v, want %v %v", iter, n, gotTier, got, wantTier, want)
+		}
+		if len(r.perm) == 0 {
+			fast++
+		}
+		old, oldTier := New(r.Config).rankFull(s, nil)
+		if oldTier != gotTier || !slices.Equal(old, got) {
+			t.Fatalf("iter %d (n=%d): rankFull %v %v, Rank %v %v", iter, n, oldTier, old, gotTier, got)
+		}
+		tiers[gotTier]++
+	}
+	if fast < iters*9/10 {
+		t.Errorf("the packed keys decided only %d of %d snapshots", fast, iters)
+	}
+	for _, tr := range []Tier{TierAffinity, TierBalance, TierMiss} {
+		if tiers[tr] < iters/20 {
+			t.Errorf("only %d snapshots took %v: %v", tiers[tr], tr, tiers)
+		}
+	}
+	t.Logf("fast path %d of %d; branches %v", fast, iters, tiers)
 }
