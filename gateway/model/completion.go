@@ -12,11 +12,17 @@ import (
 // For a tokenizer with text cuts (tokenizer.TextCuts: Qwen2/3, Llama-3, DeepSeek-V3) a completions prefix
 // cache keeps the IDs of each prompt up to its last text cut (a newline followed by a letter), so a prompt
 // that extends a recently seen one (the next turn of an agent that renders its own prompts) encodes only
-// what follows that cut. The result is read-only, as EncodePrompt's. Other tokenizers encode the whole
-// prompt.
+// what follows that cut. The result is read-only, as EncodePrompt's, and clipped (cap == len). Other
+// tokenizers encode the whole prompt.
+//
+// The next prompt appends its IDs in place after the cached prefix when the IDs of the previous prompt's
+// last line are the start of its own (a prompt ending "\nAssistant:" continued by " answer..."); when
+// they are not (the previous prompt ended inside a word or with punctuation its continuation merges with),
+// the prefix's IDs are copied once, as for a branch of a chat (RATIONALE.md).
 func (m *Model) EncodeCompletion(prompt string) []uint32 {
 	if len(prompt) <= minPrefix || !m.completions.enabled() || !m.tok.TextCuts() {
-		return m.tok.Encode(prompt, true)
+		ids := m.tok.Encode(prompt, true)
+		return view(ids, len(ids))
 	}
 	if !utf8.ValidString(prompt) {
 		prompt = strings.ToValidUTF8(prompt, "\uFFFD")

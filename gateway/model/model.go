@@ -46,8 +46,8 @@ var ErrNoChatTemplate = chattemplate.ErrNoTemplate
 
 // Model combines a tokenizer and a chat template with a cache of encoded prompt segments.
 type Model struct {
-	tok      *tokenizer.Tokenizer
-	tmpl     Renderer // nil: completions only
+	tok         *tokenizer.Tokenizer
+	tmpl        Renderer // nil: completions only
 	segs        *segmentCache
 	prefixes    *prefixCache
 	completions *prefixCache // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
