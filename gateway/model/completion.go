@@ -24,9 +24,6 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 		ids := m.tok.Encode(prompt, true)
 		return view(ids, len(ids))
 	}
-	if !utf8.ValidString(prompt) {
-		prompt = strings.ToValidUTF8(prompt, "\uFFFD")
-	}
 	var head, delta []uint32 // a cached prefix's IDs: in arena, or (a branch) head then delta
 	var arena *idArena
 	base, probes := 0, 0
@@ -47,6 +44,11 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 		buf := make([]uint32, n, arenaCap(n))
 		copy(buf[copy(buf, head):], delta)
 		arena, head = newArena(buf), view(buf, n)
+	}
+	if !utf8.ValidString(prompt[base:]) {
+		// A cached prefix is valid UTF-8 (it was repaired before it was cached), so only the rest needs
+		// repairing; the cuts are found in the repaired prompt.
+		prompt = prompt[:base] + strings.ToValidUTF8(prompt[base:], "\uFFFD")
 	}
 	cut := -1 // the prompt's last text cut after base: where the next cached prefix ends
 	m.tok.TextCutsBefore(prompt, len(prompt), func(p int) bool {
