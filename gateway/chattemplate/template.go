@@ -110,6 +110,7 @@ type compiled struct {
 	name   string
 	tmpl   *jinja.Template
 	format ContentFormat
+	native nativeKind // a template this package also renders natively for plain requests (native.go)
 }
 
 // Template renders OpenAI chat requests into prompt text exactly as vLLM would hand them to the model's
@@ -181,7 +182,8 @@ func compile(name, src string, forced ContentFormat) (c *compiled, err error) {
 			c, err = nil, fmt.Errorf("chattemplate: template %q: compiler panic: %v", name, r)
 		}
 	}()
-	segs, err := lexTemplate(normalizeNewlines(src))
+	src = normalizeNewlines(src)
+	segs, err := lexTemplate(src)
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: template %q: %w", name, err)
 	}
@@ -193,7 +195,7 @@ func compile(name, src string, forced ContentFormat) (c *compiled, err error) {
 	if format == FormatAuto {
 		format = detectContentFormat(segs)
 	}
-	return &compiled{name: name, tmpl: tmpl, format: format}, nil
+	return &compiled{name: name, tmpl: tmpl, format: format, native: nativeFor(src)}, nil
 }
 
 // Load reads a Hugging Face model directory: tokenizer_config.json's chat_template (a string, or a list
@@ -462,6 +464,16 @@ func (t *Template) render(ctx context.Context, req *chatRequest) (prompt string,
 	c := t.pick(!toolsVar.IsNone())
 	if c == nil {
 		return "", fmt.Errorf("chattemplate: %w (no \"default\" among the named templates)", ErrNoTemplate)
+	}
+	if c.native == nativeQwen3 && c.format == FormatString && toolsVar.IsNone() && ctx.Err() == nil {
+		// A plain request on Qwen3's template: the same prompt without the engine (native.go). A request
+		// whose context is done already goes to the engine, which reports that as before.
+		if out, ok := renderNativeQwen3(req.messages, kw, addGen, contFinal); ok {
+			if len(out) > lim.MaxOutputBytes {
+				return "", &RenderError{Kind: ErrLimit, Message: fmt.Sprintf("rendered prompt is %d bytes, over the %d-byte limit", len(out), lim.MaxOutputBytes)}
+			}
+			return out, nil
+		}
 	}
 	conv, err := conversation(req.messages, c.format)
 	if err != nil {

@@ -46,10 +46,11 @@ var ErrNoChatTemplate = chattemplate.ErrNoTemplate
 
 // Model combines a tokenizer and a chat template with a cache of encoded prompt segments.
 type Model struct {
-	tok      *tokenizer.Tokenizer
-	tmpl     Renderer // nil: completions only
-	segs     *segmentCache
-	prefixes *prefixCache
+	tok         *tokenizer.Tokenizer
+	tmpl        Renderer // nil: completions only
+	segs        *segmentCache
+	prefixes    *prefixCache
+	completions *prefixCache // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
 }
 
 // DefaultSegmentCacheBytes bounds the segment cache of a Model built by Load or New: the text of the
@@ -61,21 +62,30 @@ const DefaultSegmentCacheBytes = 32 << 20
 // about 256 KiB, so the default holds about 250 of them).
 const DefaultPrefixCacheBytes = 64 << 20
 
+// DefaultCompletionCacheBytes bounds the completions prefix cache of a Model built by Load or New (see
+// EncodeCompletion): the prompt strings its entries keep alive plus 4 bytes per cached token ID, counted
+// per entry (a 32k-token prompt takes about 256 KiB).
+const DefaultCompletionCacheBytes = 32 << 20
+
 // Options sizes a Model's caches. Zero fields take the defaults; a negative field disables that cache.
 type Options struct {
-	SegmentCacheBytes int // bytes of cached text runs and their IDs; default DefaultSegmentCacheBytes
-	PrefixCacheBytes  int // bytes of cached conversation prefixes; default DefaultPrefixCacheBytes
+	SegmentCacheBytes    int // bytes of cached text runs and their IDs; default DefaultSegmentCacheBytes
+	PrefixCacheBytes     int // bytes of cached conversation prefixes; default DefaultPrefixCacheBytes
+	CompletionCacheBytes int // bytes of cached completions prompt prefixes; default DefaultCompletionCacheBytes
 }
 
-func (o Options) limits() (segs, prefixes int) {
-	segs, prefixes = o.SegmentCacheBytes, o.PrefixCacheBytes
+func (o Options) limits() (segs, prefixes, completions int) {
+	segs, prefixes, completions = o.SegmentCacheBytes, o.PrefixCacheBytes, o.CompletionCacheBytes
 	if segs == 0 {
 		segs = DefaultSegmentCacheBytes
 	}
 	if prefixes == 0 {
 		prefixes = DefaultPrefixCacheBytes
 	}
-	return max(segs, 0), max(prefixes, 0)
+	if completions == 0 {
+		completions = DefaultCompletionCacheBytes
+	}
+	return max(segs, 0), max(prefixes, 0), max(completions, 0)
 }
 
 // minCachedSegment is the length below which a segment is encoded directly (the tokenizer's word cache
@@ -88,8 +98,9 @@ func New(tok *tokenizer.Tokenizer, tmpl Renderer) *Model { return NewWithOptions
 
 // NewWithOptions is New with explicit cache sizes.
 func NewWithOptions(tok *tokenizer.Tokenizer, tmpl Renderer, opts Options) *Model {
-	segs, prefixes := opts.limits()
-	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(segs), prefixes: newPrefixCache(prefixes)}
+	segs, prefixes, completions := opts.limits()
+	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(segs), prefixes: newPrefixCache(prefixes),
+		completions: newPrefixCache(completions)}
 }
 
 // Tokenizer returns the model's tokenizer.
@@ -134,11 +145,6 @@ func (m *Model) EncodeChatRequest(r *chattemplate.Request) (prompt string, ids [
 		return "", nil, err
 	}
 	return prompt, m.EncodePrompt(prompt), nil
-}
-
-// EncodeCompletion encodes a completions prompt with special tokens added (e.g. Llama's BOS), as vLLM does.
-func (m *Model) EncodeCompletion(prompt string) []uint32 {
-	return m.tok.Encode(prompt, true)
 }
 
 // EncodePrompt encodes an already rendered prompt without adding special tokens, through the prefix and

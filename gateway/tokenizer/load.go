@@ -139,6 +139,7 @@ func New(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
+	t.textCuts = t.textCutsSafe()
 	t.cache = newWordCache(wordCacheSlots)
 	return t, nil
 }

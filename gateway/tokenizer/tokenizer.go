@@ -25,6 +25,8 @@ type Tokenizer struct {
 	bosToken, eosToken string // from tokenizer_config.json
 
 	cache *wordCache
+
+	textCuts bool // see TextCuts
 }
 
 // Encode returns the token IDs of text. With addSpecial the post-processor's special tokens are added
