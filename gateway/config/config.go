@@ -211,6 +211,11 @@ type Store struct {
 	// TLS, when set, connects to Redis over TLS (redis-server --tls-port), verified with ca_file and
 	// presenting cert_file/key_file when Redis asks for client certificates (tls-auth-clients).
 	TLS *ClientTLS `yaml:"tls"`
+	// Prefix starts every key the gateway writes (index, reservations, fleet state, leases, epoch, TPU
+	// slices, pub/sub channels): fleets with different prefixes share one Redis without seeing each other.
+	// Redis only; letters, digits and "_-.:" (no hash-tag braces), at most 64 bytes (empty:
+	// kvstore.DefaultRedisPrefix, "kvg").
+	Prefix string `yaml:"prefix"`
 }
 
 // Model is one served model.
@@ -509,6 +514,9 @@ func (c *Config) Validate() error {
 		if len(c.Store.Addrs) > 0 {
 			bad("store.addrs", "only for kind redis")
 		}
+		if c.Store.Prefix != "" {
+			bad("store.prefix", "only for kind redis")
+		}
 	case StoreRedis:
 		if len(c.Store.Addrs) == 0 {
 			bad("store.addrs", "redis needs at least one host:port")
@@ -517,6 +525,9 @@ func (c *Config) Validate() error {
 			bad("store.db", "Redis Cluster has only database 0")
 		}
 		c.Store.TLS.validate("store.tls", bad)
+		if p := c.Store.Prefix; len(p) > 64 || strings.Trim(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:") != "" {
+			bad("store.prefix", "want at most 64 letters, digits or _-.: (no hash-tag braces), got %q", p)
+		}
 	default:
 		bad("store.kind", "want memory or redis, got %q", c.Store.Kind)
 	}
