@@ -391,7 +391,9 @@ func (g *Guarded) Reserve(ctx context.Context, ranked []Candidate, cost Cost, tt
 				g.answered()
 			}
 			if err == nil {
-				cl = &claim{id: l.ID, ep: l.Endpoint, cost: cost, ttl: ttl, expires: g.o.Now().Add(ttl),
+				// expires counts from before the store call: the store's TTL starts later, so the ledger
+				// never counts a claim the store has dropped (RATIONALE.md, "One lease clock").
+				cl = &claim{id: l.ID, ep: l.Endpoint, cost: cost, ttl: ttl, expires: start.Add(ttl),
 					lease: l, onStore: true, epoch: g.currentEpoch()}
 				cl.backedUntil.Store(start.Add(ttl).UnixNano())
 				if !g.led.addGranted(cl, cands, grace, g.storeUp) {
