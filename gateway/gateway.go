@@ -144,7 +144,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
 		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
-		TLS: storeTLS, AllowUnreachable: true, IndexLayout: cfg.Store.IndexLayout,
+		TLS: storeTLS, AllowUnreachable: true, IndexLayout: cfg.Store.IndexLayout, Prefix: cfg.Store.Prefix,
 		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: store: %w", err)
@@ -157,7 +157,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	g.store = st
 	g.index, g.res = st.Index, st.Reservations
 	if st.Redis != nil {
-		if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{}); err != nil {
+		if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{Prefix: cfg.Store.Prefix}); err != nil {
 			return nil, fmt.Errorf("gateway: tpu allocator: %w", err)
 		}
 	} else {

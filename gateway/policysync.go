@@ -65,6 +65,12 @@ type policySync struct {
 	copy     fleetCopy
 	noMarker time.Time // when this gateway, holding no copy, first saw the store without a marker
 	kick     chan struct{}
+	// emptied wakes the follower when the guard found the store restarted empty (storeEmptied); epochHint
+	// is that new store epoch, used once as the fleet-state marker of the re-seed, so both markers name one
+	// epoch. quarantined is the marker this gateway last re-quarantined TPU slices under (once per epoch).
+	emptied     chan struct{}
+	epochHint   string
+	quarantined string
 }
 
 // loadFailure is a module that failed to load here: the cause, how often, and when to try again.
@@ -84,7 +90,7 @@ type fleetCopy struct {
 func newPolicySync(g *Gateway) *policySync {
 	return &policySync{g: g, id: g.holder, floors: map[string]kvstore.PolicyEntry{}, floorSet: map[string]bool{}, failed: map[string]*loadFailure{},
 		loading: map[string]chan struct{}{}, stored: map[string]uint64{}, status: map[string]admin.ModelServing{},
-		copy: fleetCopy{modules: map[string]kvstore.FleetBlob{}}, kick: make(chan struct{}, 1)}
+		copy: fleetCopy{modules: map[string]kvstore.FleetBlob{}}, kick: make(chan struct{}, 1), emptied: make(chan struct{}, 1)}
 }
 
 func (p *policySync) blobs() kvstore.Blobs     { return p.g.store.Blobs }
@@ -345,6 +351,7 @@ func (p *policySync) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-p.emptied:
 		case _, ok := <-sub:
 			if !ok {
 				sub = nil
@@ -771,14 +778,35 @@ func (p *policySync) reseed(ctx context.Context, now bool) bool {
 	p.mu.Unlock()
 	// The run-time endpoints come back in the same step (issue #12 item 3): this gateway's copy, if any.
 	st.Endpoints = p.g.epSync.reseedCopy()
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	marker, won, err := p.fleet().Reseed(ctx, hex.EncodeToString(b[:]), st)
+	p.mu.Lock()
+	epoch := p.epochHint
+	p.epochHint = ""
+	p.mu.Unlock()
+	if epoch == "" && p.g.store != nil && p.g.store.Epoch != nil {
+		// The store's own epoch (RedisEpoch: read, or named by the first reader after a loss), so the
+		// fleet-state marker names the same epoch whichever path re-seeds first: this read, or the guard's
+		// recovery (storeEmptied).
+		if e, err := p.g.store.Epoch.Epoch(ctx); err == nil {
+			epoch = e
+		}
+	}
+	if epoch == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		epoch = hex.EncodeToString(b[:])
+	}
+	marker, won, err := p.fleet().Reseed(ctx, epoch, st)
 	if err != nil {
 		p.g.log.Warn("could not re-seed the store's fleet state", "error", err.Error())
 		return false
 	}
-	if hasCopy {
+	p.mu.Lock()
+	requarantine := hasCopy && p.quarantined != marker
+	if requarantine {
+		p.quarantined = marker
+	}
+	p.mu.Unlock()
+	if requarantine {
 		p.g.requarantineTPUSlices(ctx) // the store lost its TPU slices and leases with the rest
 	}
 	switch {
@@ -789,6 +817,20 @@ func (p *policySync) reseed(ctx context.Context, now bool) bool {
 		p.g.log.Info("named the store's fleet-state epoch with the configured policies", "epoch", marker)
 	}
 	return true
+}
+
+// storeEmptied is the guard's "the store restarted empty" event (Gateway.storeRestartedEmpty) reaching
+// the fleet state: the follower re-reads at once instead of at its next tick, finds no marker and re-seeds
+// with epoch (the store's new epoch) as the marker. The read path's own check stays for a store whose
+// fleet-state slot emptied without the guard seeing it (a Cluster master of {blobs} restarted alone).
+func (p *policySync) storeEmptied(epoch string) {
+	p.mu.Lock()
+	p.epochHint = epoch
+	p.mu.Unlock()
+	select {
+	case p.emptied <- struct{}{}:
+	default:
+	}
 }
 
 var descServing = prometheus.NewDesc("kvgate_policy_serving",

@@ -44,6 +44,11 @@ type GuardConfig struct {
 	// the store's own limit check), so gateways that notice the store later have re-registered their claims
 	// before anyone reserves on the shared counters alone. Default max(3 × ProbeInterval, 1 s).
 	RecoveryGrace time.Duration
+	// DownAfter is how many consecutive ErrUnavailable failures mark the store down (default 5); a single
+	// failure marks it down only if a PING (bounded by Timeout/2) fails too. A failure that does not mark the
+	// store down fails its call (a Reserve then answers ErrNoCapacity wrapping the cause: the request waits
+	// rather than being admitted outside the store's count).
+	DownAfter int
 	// OnsetHold, if set, keeps this gateway within what it held when the store failed, for up to OnsetHold
 	// or until the engine's load has been scraped after the failure (NoteLoad); the store-down caps then
 	// use that scrape. The gateway sets it to 2 × scrape_interval + 100 ms.
@@ -111,6 +116,7 @@ type Guarded struct {
 	pending    []pendingRelease
 
 	down     atomic.Bool
+	fails    atomic.Int64 // consecutive ErrUnavailable failures while up (reset by any answered call)
 	downMu   sync.Mutex
 	downErr  string
 	downAt   time.Time
@@ -126,6 +132,11 @@ type claim struct {
 	id   string // the lease ID handed out (stable across re-registration)
 	ep   EndpointID
 	cost Cost
+
+	// backedUntil (unix nanoseconds on Guarded's clock, 0 = never) is when the store stops counting this
+	// claim's store lease at the latest: the start of the last call that set its TTL, plus the TTL. Atomic,
+	// so the ledger reads it under its own lock (c.mu is taken before the ledger's, never after).
+	backedUntil atomic.Int64
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -165,11 +176,14 @@ func NewGuarded(o GuardConfig) *Guarded {
 	if o.DownLimitShare <= 0 || o.DownLimitShare > 1 {
 		o.DownLimitShare = 1
 	}
+	if o.DownAfter <= 0 {
+		o.DownAfter = 5
+	}
 	if o.RecoveryGrace <= 0 {
 		o.RecoveryGrace = max(3*o.ProbeInterval, time.Second)
 	}
 	led := newLedger(o.DownLimitShare)
-	led.hold, led.margin = o.OnsetHold, 50*time.Millisecond
+	led.hold, led.margin, led.now = o.OnsetHold, 50*time.Millisecond, o.Now
 	g := &Guarded{o: o, res: o.Reservations, idx: o.Index, led: led, stop: make(chan struct{})}
 	if o.Remote != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -258,19 +272,64 @@ func (g *Guarded) downErrNow(op string) error {
 // failed handles a failed store call op: an ErrUnavailable one marks the store down (with a Remote), any
 // other is only reported. It reports whether the store is now marked down.
 func (g *Guarded) failed(op string, err error) bool {
-	down := g.o.Remote != nil && errors.Is(err, ErrUnavailable)
+	unavailable := g.o.Remote != nil && errors.Is(err, ErrUnavailable)
+	down, stalled := false, false
+	if unavailable {
+		down, stalled = g.confirmDown(err)
+	}
 	if g.o.OnError != nil {
 		g.o.OnError(op, err, down)
 	}
 	if down {
-		g.storeFailed(op, err)
+		g.storeFailedKind(op, err, stalled)
 		return true
+	}
+	if unavailable {
+		return false // counted toward DownAfter; the call fails, the store stays up
 	}
 	if !refusal(err) {
 		g.o.Log.Warn("store refused an operation (the store stays up)", slog.String("op", op),
 			slog.String("error", err.Error()))
 	}
 	return false
+}
+
+// confirmDown decides whether an ErrUnavailable failure marks the store down: when it is already down,
+// after DownAfter consecutive failures, or when a PING bounded by Timeout/2 fails too. stalled says the
+// store timed out rather than refused (see ledger.stalled): it may still answer other gateways.
+func (g *Guarded) confirmDown(err error) (down, stalled bool) {
+	stalled = isTimeout(err)
+	if g.down.Load() || errors.Is(err, ErrEpochChanged) {
+		return true, stalled // a restarted store: recovery must run before anything is reserved there
+	}
+	if g.fails.Add(1) >= int64(g.o.DownAfter) {
+		return true, stalled
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(g.o.Timeout/2, time.Millisecond))
+	perr := g.o.Remote.Ping(ctx)
+	cancel()
+	if perr == nil {
+		return false, false
+	}
+	return true, stalled || isTimeout(perr)
+}
+
+// answered notes a store call that got an answer (any reply, a refusal included): failures are no longer
+// consecutive.
+func (g *Guarded) answered() {
+	if g.fails.Load() != 0 {
+		g.fails.Store(0)
+	}
+}
+
+// isTimeout says whether err is a deadline or an I/O timeout (the store may be alive but out of reach),
+// as opposed to a refusal to connect (the store process is gone, for every gateway).
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // refusal says whether err is one of the store's typed answers (or a cancelled call): not worth a warning.
@@ -324,12 +383,19 @@ func (g *Guarded) Reserve(ctx context.Context, ranked []Candidate, cost Cost, tt
 			err = ErrNoCapacity
 		} else {
 			var l Lease
+			start := g.o.Now()
 			sctx, cancel := g.bounded(ctx)
 			l, err = g.res.Reserve(sctx, cands, cost, ttl)
 			cancel()
+			if err == nil || errors.Is(err, ErrNoCapacity) {
+				g.answered()
+			}
 			if err == nil {
-				cl = &claim{id: l.ID, ep: l.Endpoint, cost: cost, ttl: ttl, expires: g.o.Now().Add(ttl),
+				// expires counts from before the store call: the store's TTL starts later, so the ledger
+				// never counts a claim the store has dropped (RATIONALE.md, "One lease clock").
+				cl = &claim{id: l.ID, ep: l.Endpoint, cost: cost, ttl: ttl, expires: start.Add(ttl),
 					lease: l, onStore: true, epoch: g.currentEpoch()}
+				cl.backedUntil.Store(start.Add(ttl).UnixNano())
 				if !g.led.addGranted(cl, cands, grace, g.storeUp) {
 					// The store failed while its grant was on its way: the store-down reservations made
 					// since did not see this claim, and it does not fit beside them. Give the lease back
@@ -343,8 +409,15 @@ func (g *Guarded) Reserve(ctx context.Context, ranked []Candidate, cost Cost, tt
 			g.graceMu.Unlock()
 		}
 		g.modeMu.RUnlock()
-		if err != nil && !errors.Is(err, ErrNoCapacity) && ctx.Err() == nil && g.failed("reserve", err) {
-			continue // the store is unreachable: once more, within the store-down cap
+		if err != nil && !errors.Is(err, ErrNoCapacity) && ctx.Err() == nil {
+			if g.failed("reserve", err) {
+				continue // the store is unreachable: once more, within the store-down cap
+			}
+			if errors.Is(err, ErrUnavailable) {
+				// Not (yet) marked down: the store may be answering the other gateways, so admitting here
+				// outside its count could run an endpoint over its limit. The request waits instead.
+				return Lease{}, fmt.Errorf("%w: store call failed, not marked down: %w", ErrNoCapacity, err)
+			}
 		}
 		if err != nil {
 			return Lease{}, err
@@ -403,12 +476,15 @@ func (g *Guarded) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 	if !c.onStore || !g.storeUp() || c.epoch != g.currentEpoch() {
 		return out, nil
 	}
+	start := g.o.Now()
 	sctx, cancel := g.bounded(ctx)
 	sl, err := g.res.Renew(sctx, c.lease, ttl)
 	cancel()
 	switch {
 	case err == nil:
+		g.answered()
 		c.lease = sl
+		c.backedUntil.Store(start.Add(ttl).UnixNano())
 	case errors.Is(err, ErrLeaseNotLive):
 		g.o.Log.Warn("lease lost on the store while its request runs: registering it again",
 			slog.String("endpoint_id", string(c.ep)), slog.String("lease", c.lease.ID))
@@ -441,7 +517,7 @@ func (g *Guarded) Release(ctx context.Context, l Lease) error {
 			g.deferRelease(l, g.currentEpoch())
 			return nil
 		}
-		return g.releaseOnStore(ctx, l, g.currentEpoch())
+		return g.releaseOnStore(ctx, l, g.currentEpoch(), nil)
 	}
 	c.mu.Lock()
 	if c.released {
@@ -455,21 +531,26 @@ func (g *Guarded) Release(ctx context.Context, l Lease) error {
 		return nil
 	}
 	if !g.storeUp() {
+		g.led.addOrphan(c) // the store keeps counting it for this gateway until its TTL
 		g.deferRelease(sl, epoch)
 		return nil
 	}
 	if epoch != g.currentEpoch() {
 		return nil // the store restarted: this lease ID may name another gateway's lease now
 	}
-	return g.releaseOnStore(ctx, sl, epoch)
+	return g.releaseOnStore(ctx, sl, epoch, c)
 }
 
-// releaseOnStore releases l, deferring it when the store fails.
-func (g *Guarded) releaseOnStore(ctx context.Context, l Lease, epoch string) error {
+// releaseOnStore releases l (the store lease of c, nil for a lease that is not this Guarded's claim),
+// deferring it when the store fails.
+func (g *Guarded) releaseOnStore(ctx context.Context, l Lease, epoch string, c *claim) error {
 	sctx, cancel := g.bounded(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := g.res.Release(sctx, l); err != nil {
 		if g.failed("release", err) {
+			if c != nil {
+				g.led.addOrphan(c)
+			}
 			g.deferRelease(l, epoch) // retried when the store answers again
 			return nil
 		}
@@ -485,7 +566,7 @@ func (g *Guarded) dropLease(l Lease, epoch string) {
 		g.deferRelease(l, epoch)
 		return
 	}
-	_ = g.releaseOnStore(context.Background(), l, epoch)
+	_ = g.releaseOnStore(context.Background(), l, epoch, nil)
 }
 
 // InFlight implements Reservations: the store's live leased cost per endpoint while the store is up (and
@@ -497,6 +578,7 @@ func (g *Guarded) InFlight(ctx context.Context, eps []EndpointID) (map[EndpointI
 		m, err := g.res.InFlight(sctx, eps)
 		cancel()
 		if err == nil {
+			g.answered()
 			if g.storeUp() && !g.inGrace() {
 				g.led.observe(eps, m)
 			}

@@ -19,6 +19,7 @@ import (
 // frozen base (both, as of that last read) from which the store-down cap is computed.
 type ledger struct {
 	share float64
+	now   func() time.Time // Guarded's clock (backedUntil)
 
 	mu     sync.Mutex
 	seq    uint64 // numbers the IDs of local claims and renamed ones
@@ -43,6 +44,66 @@ type ledger struct {
 	margin time.Duration // a scrape counts as after the failure only this long after it (requests in transit)
 	downAt time.Time
 	engine map[EndpointID]engineSeen
+
+	// stalled is set for an outage that began with timeouts (not refusals): the store may be alive and still
+	// serving the other gateways, which then reserve on its counters alone. While stalled the store-down
+	// caps also keep this gateway within what the store still counts for it (backedLocked): its claims'
+	// store leases until their TTL, and the store leases of requests that ended while it was down (orphans,
+	// whose release is deferred). Anything beyond would be capacity the others can take too.
+	stalled bool
+	orphans []orphan
+}
+
+// orphan is a store lease whose request ended while the store was down: the store keeps counting it for
+// this gateway until its TTL passes (backedUntil, unix nanoseconds).
+type orphan struct {
+	ep          EndpointID
+	cost        Cost
+	backedUntil int64
+}
+
+// maxOrphans bounds ledger.orphans (beyond it they are forgotten: fewer requests, never more).
+const maxOrphans = 1 << 14
+
+// addOrphan records the store lease of claim c, whose request ended while the store was down.
+func (l *ledger) addOrphan(c *claim) {
+	until := c.backedUntil.Load()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if until > l.now().UnixNano() && len(l.orphans) < maxOrphans {
+		l.orphans = append(l.orphans, orphan{c.ep, c.cost, until})
+	}
+}
+
+// clearOrphans forgets the orphans and the stall (the store is up again: their releases are flushed or
+// expired, and every claim is on the store).
+func (l *ledger) clearOrphans() {
+	l.mu.Lock()
+	l.orphans, l.stalled = nil, false
+	l.mu.Unlock()
+}
+
+// backedLocked is what the store still counts for this gateway on ep at now (unix nanoseconds): its live
+// claims' store leases and its orphans, each until its backedUntil.
+func (l *ledger) backedLocked(ep EndpointID, now int64) Cost {
+	var b Cost
+	for _, c := range l.claims {
+		if c.ep == ep && c.backedUntil.Load() > now {
+			b = addCost(b, c.cost)
+		}
+	}
+	kept := l.orphans[:0]
+	for _, o := range l.orphans {
+		if o.backedUntil <= now {
+			continue
+		}
+		kept = append(kept, o)
+		if o.ep == ep {
+			b = addCost(b, o.cost)
+		}
+	}
+	l.orphans = kept
+	return b
 }
 
 // downBase is one endpoint's state when the store went down: own and others at the last read of the shared
@@ -67,7 +128,7 @@ func (l *ledger) noteEngine(ep EndpointID, inflight int64, at time.Time) {
 }
 
 func newLedger(share float64) *ledger {
-	return &ledger{share: share, own: map[EndpointID]Cost{}, claims: map[string]*claim{},
+	return &ledger{share: share, now: time.Now, own: map[EndpointID]Cost{}, claims: map[string]*claim{},
 		seen: map[EndpointID]downBase{}}
 }
 
@@ -205,9 +266,10 @@ func (l *ledger) observe(eps []EndpointID, fleet map[EndpointID]Cost) {
 // freeze records the store-down base of every endpoint known. With keep, an existing base is kept instead (a
 // store that fails again while this gateway is still recovering from the previous outage: the fleet's
 // holdings are still bounded by that outage's caps, and the others' counts read since are not trusted).
-func (l *ledger) freeze(keep bool, now time.Time) {
+func (l *ledger) freeze(keep bool, now time.Time, stalled bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.stalled = stalled
 	if keep && l.base != nil {
 		return
 	}
@@ -276,6 +338,15 @@ func (l *ledger) capsLocked(ep EndpointID, lim Limits) (reqCap, tokCap int64) {
 func (l *ledger) fitsLocked(c Candidate, cost Cost) bool {
 	rc, tc := l.capsLocked(c.Endpoint, c.Limits)
 	u := l.own[c.Endpoint]
+	if l.stalled {
+		b := l.backedLocked(c.Endpoint, l.now().UnixNano())
+		if rc >= 0 {
+			rc = min(rc, b.Requests)
+		}
+		if tc >= 0 {
+			tc = min(tc, b.Tokens)
+		}
+	}
 	if rc >= 0 && u.Requests+cost.Requests > rc {
 		return false
 	}

@@ -35,7 +35,11 @@ func (g *Guarded) inGrace() bool { return g.o.Now().UnixNano() < g.graceUntil.Lo
 
 // storeFailed switches to store-down mode (once per outage): the ledger freezes its base, from which the
 // store-down caps are computed, and a probe starts.
-func (g *Guarded) storeFailed(op string, err error) {
+func (g *Guarded) storeFailed(op string, err error) { g.storeFailedKind(op, err, false) }
+
+// storeFailedKind is storeFailed; stalled says the store timed out rather than refused: the store-down caps
+// then also keep within what the store still counts for this gateway (ledger.stalled).
+func (g *Guarded) storeFailedKind(op string, err error, stalled bool) {
 	g.downMu.Lock()
 	g.downErr = op + ": " + err.Error()
 	first := !g.down.Load()
@@ -43,7 +47,7 @@ func (g *Guarded) storeFailed(op string, err error) {
 		g.downAt = g.o.Now()
 		// Before the switch, so every store-down reservation sees this outage's base. A failure during the
 		// recovery grace keeps the previous outage's base.
-		g.led.freeze(g.inGrace(), time.Now())
+		g.led.freeze(g.inGrace(), time.Now(), stalled)
 		g.down.Store(true)
 	}
 	g.downMu.Unlock()
@@ -132,6 +136,8 @@ func (g *Guarded) recover(ctx context.Context) error {
 	g.graceUntil.Store(g.o.Now().Add(g.o.RecoveryGrace).UnixNano())
 	g.downMu.Lock()
 	g.down.Store(false)
+	g.fails.Store(0)
+	g.led.clearOrphans()
 	g.downMu.Unlock()
 	// Releases deferred while the switch was under way (best effort: a lease left behind expires).
 	_ = g.flushReleases(ctx, epoch)
@@ -167,9 +173,11 @@ func (g *Guarded) syncClaimLocked(ctx context.Context, c *claim, epoch string) e
 		return nil
 	}
 	if c.onStore && c.epoch == epoch {
+		start := g.o.Now()
 		l, err := g.res.Renew(ctx, c.lease, c.ttl)
 		if err == nil {
 			c.lease = l
+			c.backedUntil.Store(start.Add(c.ttl).UnixNano())
 			return nil
 		}
 		if !errors.Is(err, ErrLeaseNotLive) {
@@ -182,11 +190,13 @@ func (g *Guarded) syncClaimLocked(ctx context.Context, c *claim, epoch string) e
 // registerLocked takes a new store lease for c without the limit check (the request already runs on the
 // engine: the count must be there, whatever it says about the limit). c.mu is held.
 func (g *Guarded) registerLocked(ctx context.Context, c *claim, epoch string) error {
+	start := g.o.Now()
 	l, err := g.res.Reserve(ctx, []Candidate{{Endpoint: c.ep}}, c.cost, c.ttl)
 	if err != nil {
 		return fmt.Errorf("kvstore: re-register a running request on %s: %w", c.ep, err)
 	}
 	c.lease, c.onStore, c.epoch = l, true, epoch
+	c.backedUntil.Store(start.Add(c.ttl).UnixNano())
 	return nil
 }
 

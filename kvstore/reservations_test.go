@@ -80,3 +80,30 @@ func TestMemoryReservationsFakeClock(t *testing.T) {
 		t.Fatalf("after expiry: %v", err)
 	}
 }
+
+func TestShardedRedisReservationsConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	conformance.RunReservations(t, func(t *testing.T) kvstore.Reservations {
+		r, err := kvstore.NewShardedRedisReservations(c, kvstore.RedisConfig{Prefix: freshPrefix()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	})
+}
+
+// TestShardedRedisReservationsThreeClients is the hammer on the sharded layout (three Redis clients).
+func TestShardedRedisReservationsThreeClients(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := freshPrefix()
+	var handles []kvstore.Reservations
+	for range 3 {
+		r, err := kvstore.NewShardedRedisReservations(srv.Client(t), kvstore.RedisConfig{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		handles = append(handles, r)
+	}
+	conformance.HammerReservations(t, handles)
+}

@@ -34,6 +34,11 @@ type StoreConfig struct {
 	MaxKeysPerEndpoint int
 	// Now is the memory backends' clock (nil means time.Now).
 	Now func() time.Time
+	// ShardedReservations selects the reservations layout sharded by endpoint (ShardedRedisReservations:
+	// one hash tag per endpoint, spread over a Cluster's masters) instead of the single {res} tag. Every
+	// gateway of one Redis must use the same layout (kvstore/RATIONALE.md, "Reservations on Redis Cluster":
+	// the switch is meant to follow the store's layout version key).
+	ShardedReservations bool
 	// AllowUnreachable makes OpenStore return a Redis store even when the first ping fails (Store.StartErr
 	// says why); its calls fail until Redis answers, and the client connects by itself when it does.
 	AllowUnreachable bool
@@ -110,7 +115,13 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	ClassifyRedisErrors(c)
 	rc := RedisConfig{Prefix: cfg.Prefix}
 	idx, err1 := NewRedisIndex(c, RedisConfig{Prefix: cfg.Prefix, MaxEntriesPerEndpoint: cfg.MaxKeysPerEndpoint, IndexLayout: cfg.IndexLayout})
-	res, err2 := NewRedisReservations(c, rc)
+	var res Reservations
+	var err2 error
+	if cfg.ShardedReservations {
+		res, err2 = NewShardedRedisReservations(c, rc)
+	} else {
+		res, err2 = NewRedisReservations(c, rc)
+	}
 	bl, err3 := NewRedisBlobs(c, rc)
 	if err := errors.Join(err1, err2, err3); err != nil {
 		_ = c.Close()

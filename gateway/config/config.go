@@ -215,6 +215,11 @@ type Store struct {
 	// the store's marker — layout 1 read and both written until the marker says 2, then layout 2 — 1 is
 	// the layout of releases before layout 2, 2 is layout 2 only (a fleet with no older gateway).
 	IndexLayout int `yaml:"index_layout"`
+	// Prefix starts every key the gateway writes (index, reservations, fleet state, leases, epoch, TPU
+	// slices, pub/sub channels): fleets with different prefixes share one Redis without seeing each other.
+	// Redis only; letters, digits and "_-.:" (no hash-tag braces), at most 64 bytes (empty:
+	// kvstore.DefaultRedisPrefix, "kvg").
+	Prefix string `yaml:"prefix"`
 }
 
 // Model is one served model.
@@ -513,6 +518,9 @@ func (c *Config) Validate() error {
 		if len(c.Store.Addrs) > 0 {
 			bad("store.addrs", "only for kind redis")
 		}
+		if c.Store.Prefix != "" {
+			bad("store.prefix", "only for kind redis")
+		}
 	case StoreRedis:
 		if len(c.Store.Addrs) == 0 {
 			bad("store.addrs", "redis needs at least one host:port")
@@ -521,6 +529,9 @@ func (c *Config) Validate() error {
 			bad("store.db", "Redis Cluster has only database 0")
 		}
 		c.Store.TLS.validate("store.tls", bad)
+		if p := c.Store.Prefix; len(p) > 64 || strings.Trim(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:") != "" {
+			bad("store.prefix", "want at most 64 letters, digits or _-.: (no hash-tag braces), got %q", p)
+		}
 	default:
 		bad("store.kind", "want memory or redis, got %q", c.Store.Kind)
 	}

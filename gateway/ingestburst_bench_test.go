@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvgate/kvgate/kvstore/kvevents"
+	"github.com/kvgate/kvgate/kvstore/redistest"
+)
+
+// BenchmarkIngestBurstLatency (#14 item 4) measures whether an ingestion burst starves requests: a real
+// gateway (memory or Redis store, two simulated engines whose KV events come from Go ZMQ publishers) serves
+// sequential chat requests, first idle, then while its ingesters receive a steady 100k blocks/s (32-block
+// batches, pre-encoded so the publishers cost little), in one run. It reports both p99 request latencies
+// and their ratio (target ≤ 2), and the blocks per second actually applied during the burst.
+//
+//	go test -run x -bench IngestBurstLatency -benchtime 1x ./gateway/
+func BenchmarkIngestBurstLatency(b *testing.B) {
+	for _, store := range []string{"memory", "redis"} {
+		b.Run(store, func(b *testing.B) {
+			for b.Loop() {
+				benchIngestBurst(b, store)
+			}
+		})
+	}
+}
+
+func benchIngestBurst(b *testing.B, store string) {
+	const n, rate, perBatch, requests = 2, 100_000, 32, 300
+	engines := startSims(b, n, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var eps strings.Builder
+	pubs := make([]zmq4.Socket, n)
+	for i, e := range engines {
+		pubs[i] = zmq4.NewPub(ctx)
+		if err := pubs[i].Listen("tcp://127.0.0.1:0"); err != nil {
+			b.Fatal(err)
+		}
+		defer pubs[i].Close()
+		addr := pubs[i].Addr().(*net.TCPAddr)
+		fmt.Fprintf(&eps, "      - {id: e%d, engine: enginesim, url: \"http://%s\", kv_events: \"tcp://127.0.0.1:%d\", max_inflight_requests: 64}\n", i, e.HTTPAddr(), addr.Port)
+	}
+	extra := ""
+	if store == "redis" {
+		rs := redistest.Start(b)
+		extra = fmt.Sprintf("store: {kind: redis, addrs: [%q]}\n", rs.Addr)
+	}
+	g := startGateway(b, gwYAML(eps.String(), extra))
+	seqs := make([]uint64, n)
+	send := func(i int, payload []byte) {
+		var seq8 [8]byte
+		binary.BigEndian.PutUint64(seq8[:], seqs[i])
+		if err := pubs[i].SendMulti(zmq4.NewMsgFrom([]byte("kv@burst"), seq8[:], payload)); err != nil {
+			b.Fatal(err)
+		}
+		seqs[i]++
+	}
+	applied := func() (out []uint64) {
+		out = make([]uint64, n)
+		for _, s := range g.IngestStats() {
+			var i int
+			if _, err := fmt.Sscanf(string(s.Endpoint), "e%d", &i); err == nil && s.HaveSeq && i < n {
+				out[i] = s.LastSeq + 1
+			}
+		}
+		return out
+	}
+	empty, err := kvevents.Encode(kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9}, kvevents.LayoutMap, kvevents.HashUint)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for ready := false; !ready; {
+		for i := range n {
+			seqs[i] = 0
+			send(i, empty)
+		}
+		time.Sleep(20 * time.Millisecond)
+		ready = true
+		for _, a := range applied() {
+			ready = ready && a > 0
+		}
+	}
+	// Pre-encode 6 s of distinct batches.
+	batches := make([][]byte, rate/perBatch*6)
+	toks := make([]uint32, perBatch*16)
+	for k := range batches {
+		root := kvevents.EngineHash(uint64(k)*perBatch + 1)
+		for j := range toks {
+			toks[j] = uint32(k*perBatch*16 + j)
+		}
+		hs := make([]kvevents.EngineHash, perBatch)
+		for j := range hs {
+			hs[j] = root + kvevents.EngineHash(j)
+		}
+		parent := hs[15]
+		bt := kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: []kvevents.Event{
+			kvevents.BlockStored{BlockHashes: hs[:16], TokenIDs: toks[:16*16], BlockSize: 16, Medium: "GPU"},
+			kvevents.BlockStored{BlockHashes: hs[16:], ParentBlockHash: &parent, TokenIDs: toks[16*16:], BlockSize: 16, Medium: "GPU"},
+		}}
+		if batches[k], err = kvevents.Encode(bt, kvevents.LayoutMap, kvevents.HashUint); err != nil {
+			b.Fatal(err)
+		}
+	}
+	latencies := func(tag string) []time.Duration {
+		out := make([]time.Duration, 0, requests)
+		for k := range requests {
+			body := chatBody(false, 1, fmt.Sprintf("%s request %d: %s", tag, k, strings.Repeat("the quick brown fox ", 30)))
+			t0 := time.Now()
+			if st, _, out := post(b, "http://"+g.Addr()+"/v1/chat/completions", body); st != 200 {
+				b.Fatalf("%s: %d %s", tag, st, out)
+			}
+			out = append(out, time.Since(t0))
+		}
+		slices.Sort(out)
+		return out
+	}
+	p := func(d []time.Duration, q float64) time.Duration { return d[int(float64(len(d)-1)*q)] }
+	latencies("warm-up")
+	idle := latencies("idle")
+	var stop atomic.Bool
+	sent := make(chan int)
+	before := applied()
+	t0 := time.Now()
+	go func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		k := 0
+		for start := time.Now(); !stop.Load() && k < len(batches); {
+			<-tick.C
+			for due := int(time.Since(start).Seconds() * rate / perBatch); k < due && k < len(batches); k++ {
+				send(k%n, batches[k])
+			}
+		}
+		sent <- k
+	}()
+	burst := latencies("burst")
+	stop.Store(true)
+	k := <-sent
+	elapsed := time.Since(t0)
+	after := applied()
+	var got uint64
+	for i := range n {
+		got += after[i] - before[i]
+	}
+	b.ReportMetric(float64(p(idle, 0.5).Microseconds()), "idle-p50-µs")
+	b.ReportMetric(float64(p(idle, 0.99).Microseconds()), "idle-p99-µs")
+	b.ReportMetric(float64(p(burst, 0.5).Microseconds()), "burst-p50-µs")
+	b.ReportMetric(float64(p(burst, 0.99).Microseconds()), "burst-p99-µs")
+	b.ReportMetric(float64(p(burst, 0.99))/float64(p(idle, 0.99)), "p99-ratio")
+	b.ReportMetric(float64(k*perBatch)/elapsed.Seconds(), "sent-blocks/s")
+	b.ReportMetric(float64(got*perBatch)/elapsed.Seconds(), "applied-blocks/s")
+}
