@@ -300,7 +300,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 		remote = st.Epoch
 	}
 	g.guard = kvstore.NewGuarded(kvstore.GuardConfig{Reservations: st.Reservations, Index: st.Index, Remote: remote,
-		DownLimitShare: cfg.StoreDownLimitShare, Timeout: cfg.StoreTimeout,
+		DownLimitShare: cfg.StoreDownLimitShare, StrictOnTimeout: cfg.StoreDownStrict, Timeout: cfg.StoreTimeout,
 		OnsetHold: 2*cfg.ScrapeInterval + 100*time.Millisecond, Log: log,
 		Endpoints: func() []kvstore.EndpointID {
 			var ids []kvstore.EndpointID

@@ -49,6 +49,14 @@ type GuardConfig struct {
 	// store down fails its call (a Reserve then answers ErrNoCapacity wrapping the cause: the request waits
 	// rather than being admitted outside the store's count).
 	DownAfter int
+	// StrictOnTimeout (store_down_strict) keeps a gateway whose store calls time out (rather than being
+	// refused) within what the store still counts for it: its claims' store leases and the leases of
+	// requests that ended during the outage, no new capacity. That closes the partial-outage overshoot (a
+	// store that answers the other gateways while this one is cut off) at a price: a store hung for every
+	// gateway then serves only what each held when it hung (an idle gateway answers 429). Default false:
+	// a timed-out store is treated like a refused one, and this gateway keeps to the store-down share caps
+	// (kvstore/RATIONALE.md, "Partial outages").
+	StrictOnTimeout bool
 	// OnsetHold, if set, keeps this gateway within what it held when the store failed, for up to OnsetHold
 	// or until the engine's load has been scraped after the failure (NoteLoad); the store-down caps then
 	// use that scrape. The gateway sets it to 2 × scrape_interval + 100 ms.
@@ -276,6 +284,7 @@ func (g *Guarded) failed(op string, err error) bool {
 	down, stalled := false, false
 	if unavailable {
 		down, stalled = g.confirmDown(err)
+		stalled = stalled && g.o.StrictOnTimeout
 	}
 	if g.o.OnError != nil {
 		g.o.OnError(op, err, down)

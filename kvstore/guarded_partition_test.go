@@ -116,7 +116,7 @@ func TestGuardedPartialOutageKeepsLimit(t *testing.T) {
 	proxy := startStallProxy(t, srv.Addr)
 	prefix := freshPrefix()
 	const limit = 4
-	o := kvstore.GuardConfig{DownLimitShare: 1, Timeout: 300 * time.Millisecond, ProbeInterval: 20 * time.Millisecond,
+	o := kvstore.GuardConfig{DownLimitShare: 1, StrictOnTimeout: true, Timeout: 300 * time.Millisecond, ProbeInterval: 20 * time.Millisecond,
 		RecoveryGrace: 200 * time.Millisecond, Endpoints: func() []kvstore.EndpointID { return []kvstore.EndpointID{"e0"} }}
 	a, _ := redisGuard(t, proxy.Addr(), false, prefix, o)
 	b, _ := redisGuard(t, srv.Addr, false, prefix, o)

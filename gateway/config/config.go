@@ -113,6 +113,11 @@ type Config struct {
 	// also caps it at what it held when the store went down plus this share of the capacity then free
 	// (gateway/RATIONALE.md). Default 1.
 	StoreDownLimitShare float64 `yaml:"store_down_limit_share"`
+	// StoreDownStrict (kvstore.GuardConfig.StrictOnTimeout): while the store's calls time out, run only
+	// what the store still counts for this gateway instead of the store_down_limit_share caps. Closes the
+	// partial-outage overshoot; a store hung for every gateway then refuses new requests (429). Default
+	// false (fail open within the share caps, as Envoy's rate-limit filter does).
+	StoreDownStrict bool `yaml:"store_down_strict"`
 	// MaxBodyBytes caps a client request body (default 64 MiB); larger bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// MaxPolicyBytes caps an uploaded Wasm policy (default 16 MiB).
