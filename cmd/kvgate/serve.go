@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/server"
 )
 
 // newServeCmd returns `kvgate serve --config FILE`: run the gateway until SIGINT/SIGTERM.
@@ -51,14 +52,6 @@ type redisLog struct{ l *slog.Logger }
 
 func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
 	r.l.WarnContext(ctx, "redis client", slog.String("detail", fmt.Sprintf(format, v...)))
-}
-
-// secondsAttr writes every duration attribute in seconds (a float), never slog's default nanoseconds.
-func secondsAttr(_ []string, a slog.Attr) slog.Attr {
-	if a.Value.Kind() == slog.KindDuration {
-		a.Value = slog.Float64Value(a.Value.Duration().Seconds())
-	}
-	return a
 }
 
 func logLevel(s string) slog.Level {
@@ -89,7 +82,7 @@ func serveOn(ctx context.Context, cfgPath, listen string, out io.Writer) error {
 	if listen != "" {
 		cfg.Listen = listen
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel), ReplaceAttr: secondsAttr}))
+	log := slog.New(server.NewLogHandler(os.Stderr, logLevel(cfg.LogLevel)))
 	slog.SetDefault(log)
 	redis.SetLogger(redisLog{log})
 

@@ -163,18 +163,30 @@ func (s *Server) end(ri *reqInfo, status int) {
 	if ri.use.ok {
 		prompt = ri.use.prompt
 	}
-	attrs := make([]slog.Attr, 0, 14)
-	attrs = append(attrs, slog.String("request_id", ri.id), slog.String("model", ri.model), slog.String("endpoint_id", ri.endpoint),
-		slog.String("policy", ri.policy), slog.Int("status", status), slog.Bool("stream", ri.stream),
-		slog.Int64("prompt_tokens", prompt), slog.Int64("cached_tokens", ri.use.cached),
-		slog.Int64("completion_tokens", ri.use.completion))
+	line := accessLine{id: ri.id, model: ri.model, endpoint: ri.endpoint, policy: ri.policy, status: status,
+		stream: ri.stream, prompt: prompt, cached: ri.use.cached, completion: ri.use.completion,
+		duration: dur.Seconds(), retries: ri.retries}
 	if ri.stream && ttft > 0 {
-		attrs = append(attrs, slog.Float64("ttft_seconds", ttft.Seconds()))
+		line.ttft = ttft.Seconds()
 	}
 	if itl > 0 {
-		attrs = append(attrs, slog.Float64("itl_seconds", itl.Seconds()))
+		line.itl = itl.Seconds()
 	}
-	attrs = append(attrs, slog.Float64("duration_seconds", dur.Seconds()), slog.Int("retries", ri.retries))
+	if writeAccess(s.o.Log, now, &line) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 14)
+	attrs = append(attrs, slog.String("request_id", line.id), slog.String("model", line.model), slog.String("endpoint_id", line.endpoint),
+		slog.String("policy", line.policy), slog.Int("status", status), slog.Bool("stream", line.stream),
+		slog.Int64("prompt_tokens", prompt), slog.Int64("cached_tokens", line.cached),
+		slog.Int64("completion_tokens", line.completion))
+	if line.ttft > 0 {
+		attrs = append(attrs, slog.Float64("ttft_seconds", line.ttft))
+	}
+	if line.itl > 0 {
+		attrs = append(attrs, slog.Float64("itl_seconds", line.itl))
+	}
+	attrs = append(attrs, slog.Float64("duration_seconds", line.duration), slog.Int("retries", line.retries))
 	s.o.Log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
@@ -202,22 +214,47 @@ func (s *Server) reqMetrics(model, endpoint string) *metrics.EndpointRequestMetr
 	return m.(*metrics.EndpointRequestMetrics)
 }
 
-// streamTail keeps the last bytes of an engine's stream, where its usage event is (OpenAI streams send it
-// after the last token, before [DONE]).
-type streamTail struct{ b []byte }
+// streamTail keeps the last streamTailMax bytes of an engine's stream, where its usage event is (OpenAI
+// streams send it after the last token, before [DONE]). It is a ring: add copies only the bytes it is
+// given (at most streamTailMax), never shifts what it holds; usage puts the ring in order once, at the end.
+type streamTail struct {
+	ring []byte // len streamTailMax once anything was added
+	pos  int    // where the next byte goes
+	full bool   // the ring has wrapped: ring[pos:] then ring[:pos] are the bytes in order
+}
 
 const streamTailMax = 8 << 10
 
 func (t *streamTail) add(p []byte) {
-	if len(p) >= streamTailMax {
-		t.b = append(t.b[:0], p[len(p)-streamTailMax:]...)
+	if len(p) == 0 {
 		return
 	}
-	if len(t.b)+len(p) > streamTailMax {
-		drop := len(t.b) + len(p) - streamTailMax
-		t.b = append(t.b[:0], t.b[drop:]...)
+	if t.ring == nil {
+		t.ring = make([]byte, streamTailMax)
 	}
-	t.b = append(t.b, p...)
+	if len(p) >= streamTailMax {
+		copy(t.ring, p[len(p)-streamTailMax:])
+		t.pos, t.full = 0, true
+		return
+	}
+	n := copy(t.ring[t.pos:], p)
+	if n < len(p) {
+		t.pos = copy(t.ring, p[n:])
+		t.full = true
+		return
+	}
+	t.pos += n
+	if t.pos == streamTailMax {
+		t.pos, t.full = 0, true
+	}
+}
+
+// bytes returns the kept bytes in stream order.
+func (t *streamTail) bytes() []byte {
+	if !t.full {
+		return t.ring[:t.pos]
+	}
+	return append(append(make([]byte, 0, streamTailMax), t.ring[t.pos:]...), t.ring[:t.pos]...)
 }
 
 var (
@@ -228,15 +265,16 @@ var (
 
 // usage returns the usage object of the last event in the tail that carries one.
 func (t *streamTail) usage() usage {
-	i := max(bytes.LastIndex(t.b, markUsage), bytes.LastIndex(t.b, markUsageSp))
+	b := t.bytes()
+	i := max(bytes.LastIndex(b, markUsage), bytes.LastIndex(b, markUsageSp))
 	if i < 0 {
 		return usage{}
 	}
-	startData := bytes.LastIndex(t.b[:i], markData)
+	startData := bytes.LastIndex(b[:i], markData)
 	if startData < 0 {
 		return usage{}
 	}
-	ev := t.b[startData+len(markData):]
+	ev := b[startData+len(markData):]
 	if j := bytes.IndexByte(ev, '\n'); j >= 0 {
 		ev = ev[:j]
 	}
