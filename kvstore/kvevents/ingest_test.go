@@ -17,7 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
-	"github.com/kvgate/kvgate/kvstore/vllmhash"
+	"github.com/kvgate/kvgate/cmd/enginesim/vllmhash"
 	"github.com/kvgate/kvgate/tests/testenv"
 )
 

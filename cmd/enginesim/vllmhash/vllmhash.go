@@ -1,5 +1,7 @@
-// Package vllmhash reproduces engines' own prefix-cache block hashes, so kvgate can compute the hashes an
-// engine will announce without waiting for its events, and the engine simulator can announce the same ones:
+// Package vllmhash reproduces engines' own prefix-cache block hashes, so the engine simulator (package
+// sim, its only user outside tests) announces the hashes a real engine would, and the KV-event tests can
+// build the values vLLM sends. The gateway does not use it: it keys blocks with its own hash
+// (kvstore.Hasher) and learns engines' hashes from their KV events.
 //
 //   - vLLM v1's sha256_cbor (--prefix-caching-hash-algo sha256_cbor, vllm/v1/core/kv_cache_utils.py
 //     hash_block_tokens with vllm/utils/hashing.py sha256_cbor): block i's digest is
@@ -9,7 +11,8 @@
 //   - SGLang's page hash (mem_cache get_hash_str / hash_str_to_int64): SHA-256(prior digest ‖ LE32 tokens),
 //     the event value being the first 8 bytes big-endian as a signed int64.
 //
-// Both are pinned by golden vectors produced with cbor2 + hashlib (testdata). The canonical CBOR encoder
+// Both are pinned by golden vectors produced with cbor2 + hashlib (kvstore/kvevents/testdata/golden.json and
+// testdata/extra_golden.json). The canonical CBOR encoder
 // here covers exactly the types these inputs use (bstr, uint, array, text, null). All functions are safe for
 // concurrent use.
 package vllmhash

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Extra sha256_cbor / SGLang golden vectors for kvstore/vllmhash, computed the way vLLM and SGLang do
+"""Extra sha256_cbor / SGLang golden vectors for cmd/enginesim/vllmhash, computed the way vLLM and SGLang do
 (cbor2 canonical + hashlib; same functions as ref/kv-events/gen_golden.py), over token IDs that exercise every
 CBOR uint width and a longer seed. Run with /usr/bin/python3 (Debian python3-cbor2); writes extra_golden.json."""
 import hashlib, json, os

@@ -16,7 +16,7 @@ type refCase struct {
 	Block0InputHex    string     `json:"block0_serialized_input_hex"`
 }
 
-// refGolden is testdata/golden.json, copied from ref/kv-events (gen_golden.py: cbor2 + hashlib).
+// refGolden is kvstore/kvevents/testdata/golden.json, the kv-events reference vectors (cbor2 + hashlib).
 type refGolden struct {
 	HashVectors struct {
 		Inputs struct {
@@ -58,7 +58,7 @@ func hexes(ds []Digest) []string {
 
 func TestReferenceGolden(t *testing.T) {
 	var g refGolden
-	readJSON(t, "testdata/golden.json", &g)
+	readJSON(t, "../../../kvstore/kvevents/testdata/golden.json", &g)
 	in := g.HashVectors.Inputs
 	ref := g.HashVectors.SHA256CBOR
 	h := New(in.Seed)
