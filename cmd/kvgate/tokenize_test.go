@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
-// tokModelDir locates a reference model like the tokenizer tests do (tests/testenv.ModelDir).
+// tokModelDir locates a reference model like the tokenizer tests do (kvstore/testenv.ModelDir).
 func tokModelDir(t *testing.T, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 func runTokenize(t *testing.T, stdin string, args ...string) (string, error) {
@@ -34,7 +34,7 @@ type goldenIDs struct {
 	SpecialPrefix []uint32 `json:"special_prefix"`
 }
 
-// readLines decodes a JSON-lines golden file (tests/testenv.ReadJSONL).
+// readLines decodes a JSON-lines golden file (kvstore/testenv.ReadJSONL).
 func readLines[T any](t *testing.T, path string) []T {
 	t.Helper()
 	return testenv.ReadJSONL[T](t, path)

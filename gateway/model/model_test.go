@@ -14,14 +14,14 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
-// repoRoot is the directory holding go.mod (tests/testenv.RepoRoot).
+// repoRoot is the directory holding go.mod (kvstore/testenv.RepoRoot).
 func repoRoot(t testing.TB) string { t.Helper(); return testenv.RepoRoot(t) }
 
 // modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); a missing model skips
-// the test, or fails it when CI=true (tests/testenv.ModelDir).
+// the test, or fails it when CI=true (kvstore/testenv.ModelDir).
 func modelDir(t testing.TB, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 var (

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // BenchmarkParseAndEncodeChat is the gateway's per-request text work on BenchmarkOverhead's body (a 7 KB

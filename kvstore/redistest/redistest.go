@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a single server on a free loopback port
 // (Start) and a Redis Cluster of N masters (StartCluster). Servers run with persistence off and are killed
 // when the test ends. When redis-server is not on PATH the test is skipped, or fails when the environment
-// variable CI is "true" (the rule of tests/testenv.Command).
+// variable CI is "true" (the rule of kvstore/testenv.Command).
 package redistest
 
 import (
@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // Server is one redis-server process on 127.0.0.1.
@@ -33,21 +35,6 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
-}
-
-// redisBinary returns the path of name on PATH. When it is missing the test is skipped, or fails when the
-// environment variable CI is "true" (.ci/run sets it after installing redis-server): the same rule as
-// tests/testenv.Command, kept here so that this public helper does not import tests/.
-func redisBinary(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redistest: %s not found on PATH: %v (required when CI=true)", name, err)
-		}
-		t.Skipf("redistest: %s not found on PATH: %v", name, err)
-	}
-	return p
 }
 
 func freePort(t testing.TB) int {
@@ -75,7 +62,7 @@ func StartArgs(t testing.TB, extra ...string) *Server {
 
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
-	bin := redisBinary(t, "redis-server")
+	bin := testenv.Command(t, "redis-server")
 	dir := t.TempDir()
 	var lastErr error
 	for range 5 { // the free port may be taken between probing and binding
@@ -211,7 +198,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	if n < 3 {
 		t.Fatalf("redistest: a Redis Cluster needs at least 3 masters, got %d", n)
 	}
-	cli := redisBinary(t, "redis-cli")
+	cli := testenv.Command(t, "redis-cli")
 	c := &Cluster{}
 	for range n {
 		s := start(t, []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes-" + strconv.Itoa(len(c.Servers)) + ".conf", "--cluster-node-timeout", "5000"})

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // goldenPayloads reads the kv-events reference payloads in kvstore/kvevents/testdata/payloads.hex.txt.

@@ -1,8 +1,8 @@
 package sim
 
 import (
-	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/cmd/enginesim/vllmhash"
+	"github.com/kvgate/kvgate/kvstore"
 )
 
 // blockHasher computes the engine block hashes of a prompt's full blocks, as the simulated vLLM would with
