@@ -9,7 +9,7 @@ import (
 	"github.com/kvgate/kvgate/sdk"
 )
 
-// The peers' failure modes (anchors.md §4, DESIGN.md) as hand-worked three-tier rankings with the default
+// Other routers' reported failure modes (upstream issues named per case) as hand-worked three-tier rankings with the default
 // config (imbalance 8, match 0.10, CPU weight 0.8). Prompts are 256 tokens = 16 blocks of 16, so a
 // match of m GPU blocks has rate m/16. Where the seeded generator decides, the expected values were
 // computed with an independent Python SplitMix64 (seed 42: P2C over 4 draws positions (2,0); seed 3
@@ -135,7 +135,7 @@ func TestFailureModesNativeAndWasm(t *testing.T) {
 	}
 }
 
-// TestBurstSpillsToExactlyOneMore simulates DESIGN.md's speculative entries: each routed request adds
+// TestBurstSpillsToExactlyOneMore simulates the index's speculative entries: each routed request adds
 // one in-flight request and a full speculative match (all 16 blocks on GPU) to the endpoint it chose.
 // 16 identical new prompts on 4 idle endpoints: the first is a miss, the next 8 follow the speculative
 // match until the chosen endpoint's load 9 exceeds min load 0 by more than 8; request 10 spills (balance:

@@ -10,7 +10,7 @@ import (
 //	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxDigits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //
 // with the leftmost-first alternation and backtracking semantics of the Oniguruma engine HF uses. It is
-// about 2.5x faster than dlclark/regexp2 on the same pattern (FINDINGS.md) and the goldens pin it.
+// about 2.5x faster than dlclark/regexp2 on the same pattern (measured when it was written) and the goldens pin it.
 type gptScanner struct {
 	maxDigits int // 1 for Qwen, 3 for Llama-3
 }

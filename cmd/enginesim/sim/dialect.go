@@ -11,7 +11,7 @@ import (
 )
 
 // Engine dialects (Config.API, --api): which chat field carries pre-tokenized prompts and how /tokenize is
-// served. Shapes are quoted, with their source files and commits, in testdata/dialects.md.
+// served. Each constant names the engine source file (and PR) its shapes come from.
 const (
 	// APIVLLM is vLLM: chat honours kv_transfer_params.prompt_token_ids (vLLM's
 	// vllm/renderers/online_renderer.py _reused_prompt_token_ids, #48145) and a top-level prompt_token_ids

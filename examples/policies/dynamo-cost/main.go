@@ -1,5 +1,5 @@
 // Command dynamo-cost is an example kvgate routing policy reproducing NVIDIA Dynamo's KV router cost
-// function (router-concepts.md) with temperature 0 (argmin):
+// function (Dynamo's router documentation) with temperature 0 (argmin):
 //
 //	cost = prefill_load_scale · max(active_prefill + prompt_blocks − overlap_credit, 0) + active_decode + new_blocks
 //
