@@ -240,7 +240,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			ids = append(ids, e.ID)
 		}
 		var reasons []string
-		for r := plugins.ReasonTrap; r.String() != "unknown"; r++ {
+		for _, r := range plugins.FallbackReasons() {
 			reasons = append(reasons, r.String())
 		}
 		g.metrics.InitModel(m.Name, ids, reasons)

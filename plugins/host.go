@@ -137,6 +137,16 @@ func (r Reason) String() string {
 	return "unknown"
 }
 
+// FallbackReasons returns every reason a ranking can fall back for (all but ReasonNone), in order: the
+// label values of kvgate_policy_fallbacks_total.
+func FallbackReasons() []Reason {
+	out := make([]Reason, 0, numReasons-1)
+	for r := ReasonNone + 1; r < numReasons; r++ {
+		out = append(out, r)
+	}
+	return out
+}
+
 // RankInfo describes how one ranking was made.
 type RankInfo struct {
 	Version  Version // the policy version that was asked (the built-in when the model has none active)
