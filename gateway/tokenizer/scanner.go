@@ -123,27 +123,7 @@ func (g *gptScanner) next(s string, i int) int {
 		return j
 	}
 	// Whitespace run: \s*[\r\n]+ | \s+(?!\S) | \s+
-	j = i
-	lastNL, n, lastW := -1, 0, 0
-	for j < len(s) {
-		c2, w2 := at(s, j)
-		if c2 != cSpace && c2 != cNL {
-			break
-		}
-		if c2 == cNL {
-			lastNL = j
-		}
-		n++
-		lastW = w2
-		j += w2
-	}
-	switch {
-	case lastNL >= 0:
-		return lastNL + 1
-	case j == len(s) || n == 1:
-		return j
-	}
-	return j - lastW
+	return spaceRun(s, i, at, cSpace, cNL)
 }
 
 // letters returns the end of the run of letters starting at s[j].
