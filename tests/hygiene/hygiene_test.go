@@ -281,6 +281,32 @@ func (c *pathChecker) check(t *testing.T, where, dir, line string) {
 	}
 }
 
+// TestRelativePathsExist: every string literal in a Go file that is a relative path (starting with "../"
+// or with a testdata directory) names a file or directory that exists, resolved from the file's package directory (where
+// go test runs): a golden moved or deleted fails here, not only in the package that reads it.
+func TestRelativePathsExist(t *testing.T) {
+	root := testenv.RepoRoot(t)
+	for _, f := range parseGoFiles(t, root, 0) {
+		dir := filepath.Dir(f.path)
+		ast.Inspect(f.ast, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			p, err := strconv.Unquote(lit.Value)
+			relative := strings.HasPrefix(p, "../") || strings.HasPrefix(p, "testdata/") && len(p) > len("testdata/")
+			if err != nil || !relative || strings.ContainsAny(p, " %\n") || strings.Contains(p, "/bin/") {
+				return true // bin/ is build output, not tracked
+			}
+			full := filepath.Join(root, dir, p)
+			if m, _ := filepath.Glob(full); len(m) == 0 {
+				t.Errorf("%s: %q does not exist (from %s)", f.fset.Position(lit.Pos()), p, dir)
+			}
+			return true
+		})
+	}
+}
+
 // TestDocPathsExist: every relative link in a Markdown file points at a file or directory that exists,
 // and every repository path or repository file name that a Markdown file or a Go doc comment names exists.
 func TestDocPathsExist(t *testing.T) {
