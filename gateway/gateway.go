@@ -391,33 +391,37 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 }
 
 // configPolicy returns the entry the config names for m (its stack's floor): the built-in three-tier, or a
-// module already uploaded to the store ("name" = its only stored version, "name@sha256-prefix"), loaded here,
-// with the config's JSON config.
+// module already uploaded to the store, loaded here, with the config's JSON config. The name is resolved
+// by plugins.ResolveVersion with bare names: "name" is that name's only version, "name@" plus at least 8 hex
+// digits (any case) a unique digest prefix; the built-in is a candidate like the stored modules.
 func (g *Gateway) configPolicy(ctx context.Context, m config.Model) (kvstore.PolicyEntry, error) {
 	name := m.Policy.Name
-	builtin := string(g.host.BuiltinVersion())
+	builtin := g.host.BuiltinVersion()
 	cfg := compactJSON(m.Policy.ConfigJSON())
-	if name == config.DefaultPolicyName || name == builtin || (strings.Contains(name, "@") && strings.HasPrefix(builtin, name)) {
-		return kvstore.PolicyEntry{Version: builtin, Config: cfg}, nil
+	if name == config.DefaultPolicyName {
+		return kvstore.PolicyEntry{Version: string(builtin), Config: cfg}, nil
 	}
 	blobs, err := g.store.Blobs.ListBlobs(ctx)
 	if err != nil {
 		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %q: list stored policies: %w", m.Name, name, err)
 	}
-	var found []string
+	candidates := []plugins.Version{builtin}
 	for _, b := range blobs {
-		if strings.HasPrefix(b.Name, name) && (strings.Contains(name, "@") || strings.HasPrefix(b.Name, name+"@")) {
-			found = append(found, b.Name)
+		if plugins.IsVersion(b.Name) {
+			candidates = append(candidates, plugins.Version(b.Name))
 		}
 	}
-	if len(found) != 1 {
-		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %q matches %d stored versions (upload it with `kvgate policy upload`, or pin name@sha256): %v",
-			m.Name, name, len(found), found)
+	v, err := plugins.ResolveVersion(candidates, name, true)
+	if err != nil {
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy: %w (upload it with `kvgate policy upload`, or pin name@sha256)", m.Name, err)
 	}
-	if err := g.policySync.ensureLoaded(ctx, found[0]); err != nil {
-		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
+	if v == builtin {
+		return kvstore.PolicyEntry{Version: string(builtin), Config: cfg}, nil
 	}
-	return kvstore.PolicyEntry{Version: found[0], Config: cfg}, nil
+	if err := g.policySync.ensureLoaded(ctx, string(v)); err != nil {
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, v, err)
+	}
+	return kvstore.PolicyEntry{Version: string(v), Config: cfg}, nil
 }
 
 // ID is this gateway's ID: its ingestion lease holder name and the key of its serving report.
