@@ -70,10 +70,7 @@ func start(t testing.TB, extra []string) *Server {
 		s := &Server{
 			Addr: "127.0.0.1:" + strconv.Itoa(port),
 			t:    t, bin: bin, dir: dir,
-			args: append([]string{
-				"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-				"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
-			}, extra...),
+			args: ServerArgs(port, dir, extra...),
 		}
 		if lastErr = s.launch(); lastErr == nil {
 			t.Cleanup(s.stop)
@@ -98,28 +95,53 @@ func (s *Server) launch() error {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			s.mu.Lock()
-			s.cmd, s.done = cmd, done
-			s.mu.Unlock()
-			return nil
-		}
+	exited := func() (bool, string) {
 		select {
 		case <-done:
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			return fmt.Errorf("redis-server exited: %s", strings.TrimSpace(string(log)))
+			return true, strings.TrimSpace(string(log))
 		default:
+			return false, ""
 		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("redis-server on %s not answering: %v", s.Addr, err)
+	}
+	if err := WaitReady(context.Background(), s.Addr, exited); err != nil {
+		_ = cmd.Process.Kill()
+		return err
+	}
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	return nil
+}
+
+// ServerArgs is the redis-server command line of every server this repository starts (these tests' and
+// cmd/kvgate-bench's): port on 127.0.0.1, persistence off, working directory dir, in the foreground, log
+// level warning, then extra.
+func ServerArgs(port int, dir string, extra ...string) []string {
+	return append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
+	}, extra...)
+}
+
+// WaitReady waits up to 10 s (or until ctx ends) for the server at addr to answer PING. exited reports
+// whether the process has ended, with its log for the error; the error says which happened.
+func WaitReady(ctx context.Context, addr string, exited func() (bool, string)) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := c.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if done, log := exited(); done {
+			return fmt.Errorf("redis-server exited: %s", log)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("redis-server on %s not answering: %v", addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
