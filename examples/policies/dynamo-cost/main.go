@@ -11,12 +11,7 @@
 // config accepts only 0.
 package main
 
-import (
-	"cmp"
-	"slices"
-
-	"github.com/kvgate/kvgate/sdk"
-)
+import "github.com/kvgate/kvgate/sdk"
 
 // Config holds the cost parameters (JSON keys in parentheses).
 type Config struct {
@@ -26,16 +21,10 @@ type Config struct {
 	Temperature      float64 // temperature, must be 0
 }
 
-type item struct {
-	cost float64
-	key  uint64
-	idx  uint32
-}
-
 // Policy is the Dynamo cost-function policy.
 type Policy struct {
-	cfg   Config
-	items []item
+	cfg  Config
+	rank sdk.Ranker
 }
 
 // Init reads the config over the defaults.
@@ -49,35 +38,22 @@ func (p *Policy) Init(config []byte) error {
 	)
 }
 
-// order ranks lower cost first, then the tie key, then the index.
-func order(a, b item) int {
-	return cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
-}
-
 // Choose ranks the healthy endpoints by cost.
 func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 	c := &p.cfg
 	req := &s.Request
 	blocks := float64(req.PromptBlocks)
-	p.items = p.items[:0]
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.Healthy() {
-			continue
-		}
+	p.rank.Reset()
+	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 {
 		var prefill float64
 		if req.BlockSize > 0 {
 			prefill = float64(e.InFlightTokens / uint64(req.BlockSize))
 		}
 		credit := float64(c.GPUCredit*float64(e.GPUBlocks)) + float64(c.CPUCredit*float64(e.CPUBlocks))
 		matched := min(float64(uint64(e.GPUBlocks)+uint64(e.CPUBlocks)), blocks)
-		cost := float64(c.PrefillLoadScale*max(prefill+blocks-credit, 0)) + float64(e.Running) + (blocks - matched)
-		p.items = append(p.items, item{cost: cost, key: sdk.TieKey(req.Seed, e.Index), idx: e.Index})
-	}
-	slices.SortFunc(p.items, order)
-	for _, it := range p.items {
-		r.Add(it.idx)
-	}
+		return float64(c.PrefillLoadScale*max(prefill+blocks-credit, 0)) + float64(e.Running) + (blocks - matched)
+	})
+	p.rank.Rank(r)
 	return nil
 }
 
