@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Python is the interpreter whose modules tests use: Debian's python3-zmq, python3-msgpack,
@@ -104,4 +105,27 @@ func ModelDir(t testing.TB, model string) string {
 		Missing(t, "model %s missing at %s: run `make models`", model, dir)
 	}
 	return dir
+}
+
+// WaitFor polls cond every 10 ms until it holds or d has passed, and reports whether it held. Use it for
+// the event a test names (a counter reaching a value, a state flipping), never as a sleep.
+func WaitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Eventually is WaitFor that ends t with "timed out after d waiting for what" when cond never holds.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !WaitFor(d, cond) {
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
 }
