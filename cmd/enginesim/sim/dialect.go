@@ -133,19 +133,15 @@ func driftPrompt(p string) string {
 // strings: one token list each; add_special_tokens default true) and "messages" (a chat body rendered with
 // the chat template, tools included). Answer: {"tokens","count","max_model_len"}.
 func (e *Engine) handleTokenizeSGLang(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
 	var req struct {
 		Model            string          `json:"model"`
 		Prompt           json.RawMessage `json:"prompt"`
 		Messages         json.RawMessage `json:"messages"`
 		AddSpecialTokens *bool           `json:"add_special_tokens"`
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeErr(w, badRequest("invalid JSON body: %v", err))
+	body, err := readJSONBody(r, &req)
+	if err != nil {
+		writeErr(w, err)
 		return
 	}
 	if req.Model != "" && req.Model != "default" {
