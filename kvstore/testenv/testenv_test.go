@@ -111,3 +111,12 @@ func TestReadJSONLAndGzip(t *testing.T) {
 		t.Fatalf("ReadGzip gave %d bytes without a BPE model", len(b))
 	}
 }
+
+// The committed Qwen3 files are used whatever the models directory holds: its tests never skip.
+func TestModelDirCommittedQwen3(t *testing.T) {
+	t.Setenv("KVGATE_MODELS_DIR", t.TempDir())
+	dir := ModelDir(t, "qwen3")
+	if want := filepath.Join(RepoRoot(t), "examples", "models", "qwen3"); dir != want {
+		t.Fatalf("ModelDir(qwen3) = %s, want %s", dir, want)
+	}
+}
