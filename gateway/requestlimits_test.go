@@ -1,46 +1,20 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/kvstore"
-	"github.com/kvgate/kvgate/plugins"
 )
 
-// Regression tests for defects a new-user trial found (issue 6 / issue 3), on real simulated engines and a
-// real gateway.
-
-// scrape returns the value of one sample of the gateway's /metrics (name and labels as exposed), or -1.
-func scrape(t *testing.T, g *Gateway, sample string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + g.Addr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			return f
-		}
-	}
-	return -1
-}
+// Request limits and refusals: token counts and n in the reservation cost, the in-flight limit's 429,
+// the prompt-length limit, client error messages, and a store refusal that is not an outage (on real
+// simulated engines and a real gateway).
 
 // readyStore returns /readyz's store section.
 func readyStore(t *testing.T, g *Gateway) (down bool, loadOnly uint64) {
@@ -136,83 +110,6 @@ func TestStoreRefusalIsNotAnOutage(t *testing.T) {
 	}
 }
 
-// kvgate_requests_total never takes a client's model string as a label (unknown models count as "unknown"),
-// counts the gateway's own 4xx answers, and counts a client that hangs up as 499, streaming or not, never as
-// 502 or as the engine's 200.
-func TestRequestMetricLabels(t *testing.T) {
-	engines := startSims(t, 1, func(c *sim.Config) { c.TimeScale = 1; c.StepOverhead = 20 * time.Millisecond })
-	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "max_body_bytes: 65536\n"))
-	base := "http://" + g.Addr()
-	for i := range 3 {
-		if st, _, b := post(t, base+"/v1/chat/completions", fmt.Sprintf(`{"model":"client-string-%d","messages":[{"role":"user","content":"x"}]}`, i)); st != 404 {
-			t.Fatalf("unknown model: %d %s", st, b)
-		}
-	}
-	for _, body := range []string{`{"model":`, `{"model":"qwen3","messages":[{"role":"user","content":"x"}],"stream":"yes"}`,
-		`{"model":"qwen3-lora","messages":[]}`, `{"model":"nope","messages":[]}`} {
-		if st, _, b := post(t, base+"/v1/chat/completions", body); st != 400 {
-			t.Fatalf("%s: %d %s", body, st, b)
-		}
-	}
-	if st, _, _ := post(t, base+"/v1/completions", `{"model":"qwen3","prompt":"`+strings.Repeat("a", 70000)+`"}`); st != 413 {
-		t.Fatalf("large body: %d", st)
-	}
-	// Hang up on a stream after its first event, and on a non-streaming request while it generates.
-	for _, stream := range []bool{true, false} {
-		ctx, cancel := context.WithCancel(context.Background())
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
-			strings.NewReader(fmt.Sprintf(`{"model":"qwen3","stream":%v,"max_tokens":2000,"messages":[{"role":"user","content":"write a long story"}]}`, stream)))
-		req.Header.Set("Content-Type", "application/json")
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				bufio.NewReader(resp.Body).ReadString('\n')
-				cancel()
-				resp.Body.Close()
-			}
-		}()
-		if !waitFor(3*time.Second, func() bool { return engines[0].Stats().Running == 1 }) {
-			t.Fatal("engine never started the request")
-		}
-		time.Sleep(150 * time.Millisecond)
-		cancel()
-		<-done
-		want := 1.0
-		if !stream {
-			want = 2
-		}
-		if !waitFor(2*time.Second, func() bool {
-			return scrape(t, g, `kvgate_requests_total{endpoint="e0",model="qwen3",status="499"}`) == want
-		}) {
-			t.Fatalf("stream=%v: 499 count %v, want %v", stream, scrape(t, g, `kvgate_requests_total{endpoint="e0",model="qwen3",status="499"}`), want)
-		}
-	}
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var series []string
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if strings.HasPrefix(line, "kvgate_requests_total{") {
-			series = append(series, line)
-		}
-	}
-	slices.Sort(series)
-	want := []string{
-		`kvgate_requests_total{endpoint="",model="qwen3",status="400"} 2`,
-		`kvgate_requests_total{endpoint="",model="unknown",status="400"} 2`,
-		`kvgate_requests_total{endpoint="",model="unknown",status="404"} 3`,
-		`kvgate_requests_total{endpoint="",model="unknown",status="413"} 1`,
-		`kvgate_requests_total{endpoint="e0",model="qwen3",status="499"} 2`,
-	}
-	if !slices.Equal(series, want) {
-		t.Fatalf("series:\n%s\nwant:\n%s", strings.Join(series, "\n"), strings.Join(want, "\n"))
-	}
-}
-
 // A request with n choices reserves prompt + n × max_tokens tokens on its endpoint (n was ignored: a request
 // with n=3 reserved one choice's output). The engine here is a real HTTP server that holds each request until
 // the test lets it answer, so the reservation can be read from the store while the request runs.
@@ -257,126 +154,6 @@ func TestReservationCountsN(t *testing.T) {
 	defN := held(`{"model":"qwen3","n":2.0,`+msgs+`}`, 2)
 	if defN-def != def-(one-300) {
 		t.Fatalf("default output: n=1 %d, n=2 %d (prompt %d)", def, defN, one-300)
-	}
-}
-
-// adminDo sends an admin API request with the test token and returns the status and body.
-func adminDo(t *testing.T, g *Gateway, method, path, body string) (int, []byte) {
-	t.Helper()
-	req, _ := http.NewRequest(method, "http://"+g.Addr()+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer admintok")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
-}
-
-// A rollback right after start-up once dropped the YAML policy config (the model went back to the built-in
-// default with config null). The configured policy is now the rollback floor: rolling back from it is a 409,
-// and an admin activation rolls back to it with its config.
-func TestRollbackKeepsConfiguredPolicy(t *testing.T) {
-	engines := startSims(t, 1, nil)
-	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "")+"    policy: {name: three-tier, config: {imbalance_threshold: 4}}\n")
-	activeConfig := func() string {
-		t.Helper()
-		st, b := adminDo(t, g, "GET", "/admin/v1/policies", "")
-		var out struct {
-			Active map[string]struct {
-				Config json.RawMessage `json:"config"`
-			} `json:"active"`
-		}
-		if st != 200 || json.Unmarshal(b, &out) != nil {
-			t.Fatalf("list: %d %s", st, b)
-		}
-		return string(out.Active["qwen3"].Config)
-	}
-	const yamlCfg = `{"imbalance_threshold":4}`
-	if got := activeConfig(); got != yamlCfg {
-		t.Fatalf("start-up config %s", got)
-	}
-	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 409 || !strings.Contains(string(b), `"code":"no_previous"`) ||
-		!strings.Contains(string(b), "Nothing to roll back to for `qwen3`") {
-		t.Fatalf("rollback at start-up: %d %s", st, b)
-	}
-	if got := activeConfig(); got != yamlCfg {
-		t.Fatalf("config after refused rollback %s", got)
-	}
-	v, _ := g.Host().Active("qwen3")
-	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/activate", `{"model":"qwen3","version":"`+string(v)+`","config":{"imbalance_threshold":2}}`); st != 200 {
-		t.Fatalf("activate: %d %s", st, b)
-	}
-	if got := activeConfig(); got != `{"imbalance_threshold":2}` {
-		t.Fatalf("config after activate %s", got)
-	}
-	if st, b := adminDo(t, g, "POST", "/admin/v1/policies/rollback", `{"model":"qwen3"}`); st != 200 {
-		t.Fatalf("rollback: %d %s", st, b)
-	}
-	if got := activeConfig(); got != yamlCfg {
-		t.Fatalf("config after rollback %s", got)
-	}
-}
-
-// The admin API's JSON uses snake_case names and durations in seconds (it once showed Go field names and
-// nanosecond integers: "CompileTime": 312000000).
-func TestAdminJSONShape(t *testing.T) {
-	engines := startSims(t, 1, nil)
-	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
-	keys := func(m map[string]any) []string {
-		var out []string
-		for k := range m {
-			out = append(out, k)
-		}
-		slices.Sort(out)
-		return out
-	}
-	st, b := adminDo(t, g, "PUT", "/admin/v1/policies/mine", string(plugins.BuiltinWasm))
-	var up map[string]any
-	if st != 201 || json.Unmarshal(b, &up) != nil {
-		t.Fatalf("upload: %d %s", st, b)
-	}
-	rep, _ := up["report"].(map[string]any)
-	if got := keys(rep); !slices.Equal(got, []string{"abi_minor", "buffer_bytes", "compile_seconds", "exports", "imports",
-		"problems", "samples", "size_bytes", "version"}) {
-		t.Fatalf("report keys %v", got)
-	}
-	if cs, ok := rep["compile_seconds"].(float64); !ok || cs < 0 || cs > 60 {
-		t.Fatalf("compile_seconds %v", rep["compile_seconds"])
-	}
-	samples, _ := rep["samples"].([]any)
-	if len(samples) == 0 {
-		t.Fatalf("no samples: %s", b)
-	}
-	s0, _ := samples[0].(map[string]any)
-	if got := keys(s0); !slices.Equal(got, []string{"duration_seconds", "endpoints", "name", "ranking"}) {
-		t.Fatalf("sample keys %v", got)
-	}
-	if d, ok := s0["duration_seconds"].(float64); !ok || d <= 0 || d > 10 {
-		t.Fatalf("duration_seconds %v", s0["duration_seconds"])
-	}
-	if p, ok := rep["problems"].([]any); !ok || len(p) != 0 {
-		t.Fatalf("problems %v", rep["problems"])
-	}
-	st, b = adminDo(t, g, "GET", "/admin/v1/policies", "")
-	var list struct {
-		Versions []map[string]any `json:"versions"`
-	}
-	if st != 200 || json.Unmarshal(b, &list) != nil || len(list.Versions) != 2 {
-		t.Fatalf("list: %d %s", st, b)
-	}
-	for _, v := range list.Versions {
-		if got := keys(v); !slices.Equal(got, []string{"active_for", "builtin", "disabled", "loaded_at", "name", "sha256",
-			"size_bytes", "version"}) {
-			t.Fatalf("version keys %v", got)
-		}
-		if _, err := time.Parse(time.RFC3339Nano, v["loaded_at"].(string)); err != nil {
-			t.Fatalf("loaded_at: %v", err)
-		}
-		if _, ok := v["active_for"].([]any); !ok {
-			t.Fatalf("active_for %v", v["active_for"])
-		}
 	}
 }
 

@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// Tests of the host's lifecycle under concurrency: rollback, activate, disable, unload and close racing
+// with callers and with each other (run them with -race).
+
 // settled returns st.prev.
 func settled(h *Host, st *modelState) *activation {
 	h.mu.Lock()
