@@ -102,7 +102,7 @@ func ModelsDir(t testing.TB) string {
 // tests never skip.
 var CommittedModels = []string{"qwen3"}
 
-// ModelDir returns the directory of a reference model: examples/models/model for CommittedModels, else
+// ModelDir returns the directory of a reference model: examples/models/<model> for CommittedModels, else
 // ModelsDir/model after checking that it holds tokenizer.json; when it does not, Missing ends t. The
 // reference models are qwen3, llama3_1, deepseek_v3, gemma3 and llama2.
 func ModelDir(t testing.TB, model string) string {

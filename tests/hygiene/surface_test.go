@@ -36,7 +36,8 @@ var public = []string{
 	"tpu",                             // the TPU slice allocator
 }
 
-// toMove lists packages still to move under internal/ (move-internal.sh moves them and empties the list).
+// toMove lists packages still to move under internal/ (the lead's move script moves them and empties
+// this list).
 var toMove = []string{
 	// BEGIN toMove
 	"gateway/chattemplate",
