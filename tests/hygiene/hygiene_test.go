@@ -356,3 +356,105 @@ func TestDocPathsExist(t *testing.T) {
 		}
 	}
 }
+
+var (
+	contractSection = regexp.MustCompile("^## ([a-z][a-z0-9/\\-]*)[: ]")
+	contractFunc    = regexp.MustCompile(`\bfunc (?:\(\w+ \*?(\w+)(?:\[[^\]]*\])?\) )?([A-Z]\w*)[\[(]`)
+	contractType    = regexp.MustCompile(`\btype ([A-Z]\w*)\b`)
+)
+
+// TestContractsSignaturesExist: every exported function, method and type that docs/CONTRACTS.md names in
+// the Go blocks of a package's section ("## path: ...") is declared in that package (outside tests), so the
+// document cannot keep naming what was renamed or removed.
+func TestContractsSignaturesExist(t *testing.T) {
+	root := testenv.RepoRoot(t)
+	raw, err := os.ReadFile(filepath.Join(root, "docs", "CONTRACTS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	decls := map[string]map[string]bool{} // package dir → "Name" and "Recv.Name"
+	declsOf := func(dir string) map[string]bool {
+		if d, ok := decls[dir]; ok {
+			return d
+		}
+		d := map[string]bool{}
+		decls[dir] = d
+		ents, err := os.ReadDir(filepath.Join(root, dir))
+		if err != nil {
+			return nil
+		}
+		for _, e := range ents {
+			if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, dir, e.Name()), nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, decl := range f.Decls {
+				switch x := decl.(type) {
+				case *ast.FuncDecl:
+					if x.Recv != nil && len(x.Recv.List) == 1 {
+						typ := x.Recv.List[0].Type
+						if s, ok := typ.(*ast.StarExpr); ok {
+							typ = s.X
+						}
+						if ix, ok := typ.(*ast.IndexExpr); ok {
+							typ = ix.X
+						}
+						if id, ok := typ.(*ast.Ident); ok {
+							d[id.Name+"."+x.Name.Name] = true
+						}
+					} else {
+						d[x.Name.Name] = true
+					}
+				case *ast.GenDecl:
+					for _, sp := range x.Specs {
+						switch s := sp.(type) {
+						case *ast.TypeSpec:
+							d[s.Name.Name] = true
+						case *ast.ValueSpec:
+							for _, n := range s.Names {
+								d[n.Name] = true
+							}
+						}
+					}
+				}
+			}
+		}
+		return d
+	}
+	dir, inGo := "", false
+	for n, line := range strings.Split(string(raw), "\n") {
+		if m := contractSection.FindStringSubmatch(line); m != nil {
+			dir = m[1]
+			continue
+		}
+		if strings.HasPrefix(line, "```") {
+			inGo = strings.HasPrefix(line, "```go")
+			continue
+		}
+		if !inGo || dir == "" {
+			continue
+		}
+		d := declsOf(dir)
+		if d == nil {
+			t.Errorf("docs/CONTRACTS.md:%d: section %s is not a package directory", n+1, dir)
+			continue
+		}
+		for _, m := range contractFunc.FindAllStringSubmatch(line, -1) {
+			name := m[2]
+			if m[1] != "" {
+				name = m[1] + "." + m[2]
+			}
+			if !d[name] {
+				t.Errorf("docs/CONTRACTS.md:%d: %s names %s, which %s does not declare", n+1, dir, name, dir)
+			}
+		}
+		for _, m := range contractType.FindAllStringSubmatch(line, -1) {
+			if !d[m[1]] {
+				t.Errorf("docs/CONTRACTS.md:%d: %s names type %s, which %s does not declare", n+1, dir, m[1], dir)
+			}
+		}
+	}
+}
