@@ -217,15 +217,6 @@ func parseMerges(raw []byte, fn func(a, b []byte) error) error {
 	}
 }
 
-func indexByte(s string, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
-	}
-	return -1
-}
-
 // skipValue moves past one JSON value without decoding it (strings are scanned for their closing quote
 // with bytes.IndexByte, containers by depth); full validation is left to the decoders of the values that
 // are used.
@@ -281,13 +272,6 @@ func (r *jsonReader) skipValue() error {
 		}
 	}
 	return r.fail("unexpected end of input")
-}
-
-// objectMembers splits a JSON object into its members' raw values (later duplicates win, as with
-// encoding/json).
-func objectMembers(raw []byte) (map[string][]byte, error) {
-	r := &jsonReader{buf: raw}
-	return r.members()
 }
 
 // members reads the object at the reader's position into its members' raw values.

@@ -117,15 +117,6 @@ func (h Hasher) Blocks(tokens []uint32, blockSize int, extra kvstore.ExtraKeys) 
 	return out, nil
 }
 
-// EventHashes returns the event values (Digest.EventHash) of ds.
-func EventHashes(ds []Digest) []uint64 {
-	out := make([]uint64, len(ds))
-	for i, d := range ds {
-		out[i] = d.EventHash()
-	}
-	return out
-}
-
 // SGLangPages returns SGLang's chained page digests of the full pages of tokens (a partial tail is not
 // hashed): page i = SHA-256(page i-1 digest ‖ LE32(t) for each token), page 0 without a prior digest.
 func SGLangPages(tokens []uint32, pageSize int) ([]Digest, error) {
