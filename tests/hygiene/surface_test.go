@@ -32,6 +32,7 @@ var public = []string{
 	"plugins",                         // the policy Host
 	"plugins/threetier",               // the native three-tier ranking
 	"sdk",                             // the policy SDK
+	"sdk/rank",                        // the ranking helper the example policies share
 	"sdk/sdktest",                     // policy authors' test helpers
 	"tpu",                             // the TPU slice allocator
 }

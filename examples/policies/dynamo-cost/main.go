@@ -11,7 +11,10 @@
 // config accepts only 0.
 package main
 
-import "github.com/kvgate/kvgate/sdk"
+import (
+	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
+)
 
 // Config holds the cost parameters (JSON keys in parentheses).
 type Config struct {
@@ -24,7 +27,7 @@ type Config struct {
 // Policy is the Dynamo cost-function policy.
 type Policy struct {
 	cfg  Config
-	rank sdk.Ranker
+	rank rank.Ranker
 }
 
 // Init reads the config over the defaults.

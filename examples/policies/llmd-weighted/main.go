@@ -11,7 +11,10 @@
 // are random: here they go to sdk.TieKey (seeded by the request).
 package main
 
-import "github.com/kvgate/kvgate/sdk"
+import (
+	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
+)
 
 // Config holds the scorer weights (JSON keys in parentheses).
 type Config struct {
@@ -25,7 +28,7 @@ type Config struct {
 // Policy is the llm-d weighted-scorers policy.
 type Policy struct {
 	cfg  Config
-	rank sdk.Ranker
+	rank rank.Ranker
 }
 
 // Init reads the weights over their defaults.

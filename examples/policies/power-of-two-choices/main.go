@@ -4,19 +4,22 @@
 // gateway in-flight requests; ties go to sdk.TieKey. It ignores the cache.
 package main
 
-import "github.com/kvgate/kvgate/sdk"
+import (
+	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
+)
 
 // Policy is the power-of-two-choices policy. It takes no config.
 type Policy struct {
 	sdk.BasePolicy
-	rank sdk.Ranker
+	rank rank.Ranker
 }
 
 // Choose draws two distinct healthy endpoints and ranks them first, less loaded first, then the others by
 // load.
 func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 	p.rank.Reset()
-	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 { return float64(sdk.Load(e)) })
+	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 { return float64(rank.Load(e)) })
 	switch n := p.rank.Len(); {
 	case n == 1:
 		p.rank.Promote(0)

@@ -1,30 +1,32 @@
-package sdk
+package rank
 
 import (
 	"slices"
 	"testing"
+
+	"github.com/kvgate/kvgate/sdk"
 )
 
-// TestRanker: lower cost first, equal costs by TieKey then index, promoted endpoints before the rest,
+// TestRanker: lower cost first, equal costs by sdk.TieKey then index, promoted endpoints before the rest,
 // unhealthy endpoints left out by AddHealthy, and Load as waiting + in-flight requests.
 func TestRanker(t *testing.T) {
-	s := &Snapshot{Request: Request{Seed: 42}, Endpoints: []Endpoint{
-		{Index: 0, Flags: FlagHealthy, Waiting: 3},
-		{Index: 1, Flags: FlagHealthy, Waiting: 1, InFlightRequests: 1},
+	s := &sdk.Snapshot{Request: sdk.Request{Seed: 42}, Endpoints: []sdk.Endpoint{
+		{Index: 0, Flags: sdk.FlagHealthy, Waiting: 3},
+		{Index: 1, Flags: sdk.FlagHealthy, Waiting: 1, InFlightRequests: 1},
 		{Index: 2, Waiting: 0},
-		{Index: 3, Flags: FlagHealthy, InFlightRequests: 2},
-		{Index: 4, Flags: FlagHealthy},
+		{Index: 3, Flags: sdk.FlagHealthy, InFlightRequests: 2},
+		{Index: 4, Flags: sdk.FlagHealthy},
 	}}
 	var k Ranker
-	k.AddHealthy(s, func(e *Endpoint) float64 { return float64(Load(e)) })
+	k.AddHealthy(s, func(e *sdk.Endpoint) float64 { return float64(Load(e)) })
 	if k.Len() != 4 {
 		t.Fatalf("Len %d, want the 4 healthy endpoints", k.Len())
 	}
-	var r Ranking
+	var r sdk.Ranking
 	k.Rank(&r)
-	// loads: 0→3, 1→2, 3→2, 4→0; 1 and 3 tie and go by TieKey(42, ·).
+	// loads: 0→3, 1→2, 3→2, 4→0; 1 and 3 tie and go by sdk.TieKey(42, ·).
 	mid := []uint32{1, 3}
-	if TieKey(42, 3) < TieKey(42, 1) {
+	if sdk.TieKey(42, 3) < sdk.TieKey(42, 1) {
 		mid = []uint32{3, 1}
 	}
 	if want := append(append([]uint32{4}, mid...), 0); !slices.Equal(r.Indices(), want) {
