@@ -312,6 +312,10 @@ func TestExplainAndPolicies(t *testing.T) {
 	waitSubscribed(t, engines, g)
 	base := "http://" + g.Addr()
 	body := `{"model":"qwen3","max_tokens":2,"messages":[{"role":"system","content":` + fmt.Sprintf("%q", longSystemPrompt(30)) + `},{"role":"user","content":"hi"}]}`
+	blocksBefore := map[string]uint64{} // blocks each endpoint's events have added to the index so far
+	for _, s := range g.IngestStats() {
+		blocksBefore[string(s.Endpoint)] = s.Blocks
+	}
 	st, h, _ := post(t, base+"/v1/chat/completions", body)
 	if st != 200 {
 		t.Fatal(st)
@@ -330,8 +334,20 @@ func TestExplainAndPolicies(t *testing.T) {
 			MatchRate float64 `json:"match_rate"`
 		} `json:"endpoints"`
 	}
-	// wait for the engine's events to confirm the blocks (speculative entries expire after 2 s)
-	time.Sleep(300 * time.Millisecond)
+	// Wait for the engine's events to confirm the prompt's blocks: the serving endpoint's ingester has
+	// added at least that many blocks to the index since the request (the speculative entry alone would
+	// already give the match below, so the wait is on the events themselves).
+	_, promptIDs, _ := qwen.EncodeChat([]byte(body))
+	if !waitFor(10*time.Second, func() bool {
+		for _, s := range g.IngestStats() {
+			if string(s.Endpoint) == ep {
+				return s.Blocks-blocksBefore[ep] >= uint64(len(promptIDs)/16)
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("the engine's events never confirmed the %d blocks on %s: %+v", len(promptIDs)/16, ep, g.IngestStats())
+	}
 	st, _, b := post(t, base+"/admin/v1/route", body, auth...)
 	if st != 200 || json.Unmarshal(b, &ex) != nil {
 		t.Fatalf("%d %s", st, b)

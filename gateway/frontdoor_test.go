@@ -424,7 +424,18 @@ func TestNoDuplicateGenerations(t *testing.T) {
 		t.Fatalf("total timeout: status %d after %v: %s", st, took, b)
 	}
 	waitFor(2*time.Second, func() bool { return sum(engineCounts(t, engines))-sum(before) >= 1 })
-	time.Sleep(200 * time.Millisecond)
+	// A re-send would have been forwarded before the 504; once the engines hold no request the cancelled
+	// one has left, and the count is final.
+	if !waitFor(5*time.Second, func() bool {
+		for _, e := range engines {
+			if st := e.Stats(); st.Running+st.Waiting > 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("the timed-out request never left the engine")
+	}
 	if d := sum(engineCounts(t, engines)) - sum(before); d != 1 {
 		t.Fatalf("after a total timeout the engines ran %d requests, want 1 (cancelled, not re-sent)", d)
 	}

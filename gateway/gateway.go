@@ -108,12 +108,22 @@ type Gateway struct {
 	stopped chan error
 	mln     net.Listener // metrics_listen, nil when unset
 	msrv    *http.Server
+	// up is the upstream client (engine forwarding, scrapes and /tokenize checks).
+	up *upstream.Client
+	// guardRef is guard once startGuard built it (the endpoint scrapes feed it the engines' loads).
+	guardRef atomic.Pointer[kvstore.Guarded]
+	// started are the components Start started (the one that failed included), in start order.
+	started []component
 }
 
 // Start wires and starts a gateway: store, policy host (config policies activated), endpoint probes (one
 // synchronous round before serving), event ingesters and the HTTP server. ctx bounds the start-up only.
+//
+// The gateway is a list of components (Gateway.components) started in order. When one fails, it and the
+// ones before it are closed in reverse order (each close is safe on a component that started only in
+// part), so a failed Start leaves no goroutine, listener or store connection behind
+// (TestFailedStartLeaksNothing).
 func Start(ctx context.Context, o Options) (*Gateway, error) {
-	cfg := o.Config
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
@@ -121,187 +131,276 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	if o.LoadEncoder == nil {
 		return nil, errors.New("gateway: Options.LoadEncoder is required")
 	}
-	g := &Gateway{cfg: cfg, log: log, metrics: metrics.New(), models: map[string]server.ServedModel{},
+	g := &Gateway{cfg: o.Config, log: log, metrics: metrics.New(), models: map[string]server.ServedModel{},
 		ingesters: map[string]*kvevents.Ingester{}}
 	runCtx, cancel := context.WithCancel(context.Background())
 	g.cancel, g.runCtx, g.configPath = cancel, runCtx, o.ConfigPath
-	ok := false
-	defer func() {
-		if !ok {
+	for _, c := range g.components(o) {
+		g.started = append(g.started, c)
+		if err := c.start(ctx); err != nil {
 			g.Close(context.Background())
+			return nil, err
 		}
-	}()
+	}
+	log.Info("gateway listening", slog.String("addr", g.ln.Addr().String()), slog.Int("models", len(g.cfg.Models)),
+		slog.Int("endpoints", len(g.eps.Endpoints())), slog.String("store", g.cfg.Store.Kind))
+	return g, nil
+}
 
-	// Store.
-	// A Redis that does not answer at start does not stop the gateway: it serves the config's policy on
-	// load-only routing (degraded) and joins the fleet when Redis answers (storeWait).
-	var storeTLS *tls.Config
-	if t := cfg.Store.TLS; t != nil {
-		var err error
-		if storeTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
-			return nil, fmt.Errorf("gateway: store.tls: %w", err)
-		}
-	}
-	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
-		Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
-		TLS: storeTLS, AllowUnreachable: true, IndexLayout: cfg.Store.IndexLayout, Prefix: cfg.Store.Prefix,
-		MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
-	if err != nil {
-		return nil, fmt.Errorf("gateway: store: %w", err)
-	}
-	if st.StartErr != nil {
-		log.Warn("store unreachable at start: serving the config's policies on load-only routing until it answers",
-			slog.String("error", st.StartErr.Error()))
-		g.policyUnconfirmed.Store(true)
-	}
-	g.store = st
-	g.index, g.res = st.Index, st.Reservations
-	if st.Redis != nil {
-		if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{Prefix: cfg.Store.Prefix}); err != nil {
-			return nil, fmt.Errorf("gateway: tpu allocator: %w", err)
-		}
-	} else {
-		g.tpu = tpu.NewMemory(nil)
-	}
-	g.metrics.Registry.MustRegister(g.tpu.Metrics())
-	if mi, ok := st.Index.(*kvstore.MemoryIndex); ok {
-		g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
-			Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
-	}
+// component is one part of a running gateway. start builds it (its goroutines run on g.wg under
+// g.runCtx); close releases what start built, also when start failed part way (Caddy's rule: cleanup is
+// safe after a failed provision). A nil close has nothing of its own to release.
+type component struct {
+	name  string
+	start func(ctx context.Context) error
+	close func(ctx context.Context) error
+}
 
-	// Policies: the store's fleet state is the one truth (policysync.go); the config's policy is each model's
-	// rollback floor. A version the host disables (a runaway or failing policy) has been rolled back locally;
-	// storing that rollback makes every gateway on the store follow and frees the version for unloading.
-	var syncRef atomic.Pointer[policySync]
-	onDisable := func(v plugins.Version, models []string) {
-		ps := syncRef.Load()
-		if ps == nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		ps.rolledBackDisabled(ctx, v, models)
+// components lists the gateway's parts in start order; Close runs their close in reverse order. The
+// background goroutines (policy sync, scrapes, token-ID checks, ingestion) stop in the "background"
+// component's close: after the servers stop, before the guard, host and store they use close. The closes
+// of those three (and of the endpoints and ingestion) stop them first too, for a start that failed before
+// "background" (stopBackground is idempotent).
+func (g *Gateway) components(o Options) []component {
+	afterBackground := func(f func(ctx context.Context) error) func(ctx context.Context) error {
+		return func(ctx context.Context) error { g.stopBackground(); return f(ctx) }
 	}
-	host, err := plugins.New(ctx, plugins.Options{Logger: log, CacheDir: o.PolicyCacheDir, OnDisable: onDisable})
-	if err != nil {
-		return nil, fmt.Errorf("gateway: policy host: %w", err)
+	none := func(context.Context) error { return nil }
+	return []component{
+		{name: "store", start: g.startStore(o), close: afterBackground(g.closeStore)},
+		{name: "policies", start: g.startPolicies(o), close: afterBackground(g.closePolicies)},
+		{name: "endpoints", start: g.startEndpoints(o), close: afterBackground(none)},
+		{name: "ingestion", start: g.startIngestion, close: afterBackground(none)},
+		{name: "guard", start: g.startGuard, close: afterBackground(g.closeGuard)},
+		{name: "router", start: g.startRouter},
+		{name: "background", start: none, close: func(context.Context) error { g.stopBackground(); return nil }},
+		{name: "tracing", start: g.startTracing, close: g.closeTracing},
+		{name: "server", start: g.startServer(o), close: g.closeServer},
+		{name: "metrics server", start: g.startMetricsServer, close: g.closeMetricsServer},
 	}
-	// The host's own counters (calls, swaps, replaced instances, fuel refills, interrupted calls) beside the gateway's.
-	if err := host.RegisterMetrics(g.metrics.Registry); err != nil {
-		return nil, fmt.Errorf("gateway: policy host metrics: %w", err)
-	}
-	g.host = host
-	g.holder = holderID()
-	ps := newPolicySync(g)
-	g.policySync = ps
-	syncRef.Store(ps)
-	g.metrics.Registry.MustRegister(servingCollector{ps})
-	if err := ps.start(ctx); err != nil {
-		return nil, err
-	}
-	if g.policyUnconfirmed.Load() {
-		g.wg.Go(func() { g.storeWait(runCtx, ps) })
-	}
-	g.wg.Go(func() { ps.run(runCtx) })
-	if st.Redis != nil {
-		g.wg.Go(func() { g.copyTPUSlices(runCtx) })
-	}
+}
 
-	// Endpoints and models.
-	var upTLS *tls.Config
-	if t := cfg.UpstreamTLS; t != nil {
-		if upTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
-			return nil, fmt.Errorf("gateway: upstream_tls: %w", err)
-		}
-	}
-	up := upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
-		FirstByteTimeout: cfg.UpstreamFirstByteTimeout, TotalTimeout: cfg.UpstreamTotalTimeout,
-		IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies, TLS: upTLS})
-	g.upHTTP = up.HTTP()
-	encoders := map[string]route.Encoder{}
-	var all []endpoints.Endpoint
-	for i := range cfg.Models {
-		m := &cfg.Models[i]
-		enc, err := o.LoadEncoder(m.Tokenizer)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: model %s: tokenizer %s: %w", m.Name, m.Tokenizer, err)
-		}
-		encoders[m.Name] = enc
-		rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
-			MaxPromptTokens: m.MaxPromptTokens}
-		for _, e := range m.Endpoints {
-			rm.Endpoints = append(rm.Endpoints, routeEndpoints(e)...)
-			all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL,
-				DataParallelSize: e.Ranks()})
-		}
-		rm.Live = route.NewEndpointList(rm.Endpoints) // the run-time list (fleetendpoints.go)
-		var ids []string
-		for _, e := range m.Endpoints {
-			ids = append(ids, e.ID)
-		}
-		var reasons []string
-		for r := plugins.ReasonTrap; r.String() != "unknown"; r++ {
-			reasons = append(reasons, r.String())
-		}
-		g.metrics.InitModel(m.Name, ids, reasons)
-		g.models[m.Name] = server.ServedModel{Model: rm}
-		for _, l := range m.LoRAAdapters {
-			g.models[l] = server.ServedModel{Model: rm, LoRA: l}
-		}
-	}
-	g.eps = endpoints.NewSet(all, up.HTTP(), cfg.ScrapeInterval, log)
-	var guardRef atomic.Pointer[kvstore.Guarded]
-	g.eps.OnScrape(func(id string, l endpoints.Load) {
-		if l.StartTime != 0 {
-			g.noteStartTime(id, l.StartTime)
-		}
-		if gd := guardRef.Load(); gd != nil {
-			ep, _ := g.eps.Get(id)
-			ranks := max(ep.DataParallelSize, 1)
-			for r, rid := range route.RankIDs(id, ranks) { // each rank's own load, or an even share
-				rl := l.Rank(r, ranks)
-				gd.NoteLoad(rid, int64(math.Ceil(rl.Running+rl.Waiting)), l.Scraped)
+// stopBackground cancels g.runCtx and waits for the goroutines under it, the ingesters included (they
+// close and release their leases as runIngestion returns). Safe to call more than once.
+func (g *Gateway) stopBackground() {
+	g.cancel()
+	g.wg.Wait()
+	g.ingWG.Wait()
+}
+
+// startStore opens the store and the TPU allocator on it. A Redis that does not answer at start does not
+// stop the gateway: it serves the config's policy on load-only routing (degraded) and joins the fleet when
+// Redis answers (storeWait).
+func (g *Gateway) startStore(o Options) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		cfg := g.cfg
+		var storeTLS *tls.Config
+		if t := cfg.Store.TLS; t != nil {
+			var err error
+			if storeTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
+				return fmt.Errorf("gateway: store.tls: %w", err)
 			}
 		}
-	})
-	probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)
-	g.eps.ProbeAll(probeCtx)
-	pc()
-	g.wg.Go(func() { g.eps.Run(runCtx) })
-	g.tokens = newTokenIDs(g, cfg, encoders, g.eps)
-	checkCtx, cc := context.WithTimeout(ctx, 5*time.Second)
-	g.tokens.start(checkCtx, runCtx, g)
-	cc()
+		st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
+			Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
+			TLS: storeTLS, AllowUnreachable: true, IndexLayout: cfg.Store.IndexLayout, Prefix: cfg.Store.Prefix,
+			MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
+		if err != nil {
+			return fmt.Errorf("gateway: store: %w", err)
+		}
+		if st.StartErr != nil {
+			g.log.Warn("store unreachable at start: serving the config's policies on load-only routing until it answers",
+				slog.String("error", st.StartErr.Error()))
+			g.policyUnconfirmed.Store(true)
+		}
+		g.store = st
+		g.index, g.res = st.Index, st.Reservations
+		if st.Redis != nil {
+			if g.tpu, err = tpu.NewRedis(st.Redis, tpu.RedisOptions{Prefix: cfg.Store.Prefix}); err != nil {
+				return fmt.Errorf("gateway: tpu allocator: %w", err)
+			}
+		} else {
+			g.tpu = tpu.NewMemory(nil)
+		}
+		g.metrics.Registry.MustRegister(g.tpu.Metrics())
+		if mi, ok := st.Index.(*kvstore.MemoryIndex); ok {
+			g.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvgate_index_entries",
+				Help: "Entries (model, block key) in the in-memory KV index."}, func() float64 { return float64(mi.Len()) }))
+		}
+		return nil
+	}
+}
 
-	// Event ingestion: one gateway at a time per endpoint, under a store lease.
-	ingCtx, ingCancel := context.WithCancel(runCtx)
-	g.ingCtx, g.ingCancel = ingCtx, ingCancel
-	for _, m := range cfg.Models {
+func (g *Gateway) closeStore(context.Context) error {
+	if g.store == nil {
+		return nil
+	}
+	return g.store.Close()
+}
+
+// startPolicies starts the policy host and its sync with the store: the store's fleet state is the one
+// truth (policysync.go); the config's policy is each model's rollback floor. A version the host disables
+// (a runaway or failing policy) has been rolled back locally; storing that rollback makes every gateway
+// on the store follow and frees the version for unloading.
+func (g *Gateway) startPolicies(o Options) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var syncRef atomic.Pointer[policySync]
+		onDisable := func(v plugins.Version, models []string) {
+			ps := syncRef.Load()
+			if ps == nil {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			ps.rolledBackDisabled(ctx, v, models)
+		}
+		host, err := plugins.New(ctx, plugins.Options{Logger: g.log, CacheDir: o.PolicyCacheDir, OnDisable: onDisable})
+		if err != nil {
+			return fmt.Errorf("gateway: policy host: %w", err)
+		}
+		g.host = host
+		// The host's own counters (calls, swaps, replaced instances, fuel refills, interrupted calls) beside the gateway's.
+		if err := host.RegisterMetrics(g.metrics.Registry); err != nil {
+			return fmt.Errorf("gateway: policy host metrics: %w", err)
+		}
+		g.holder = holderID()
+		ps := newPolicySync(g)
+		g.policySync = ps
+		syncRef.Store(ps)
+		g.metrics.Registry.MustRegister(servingCollector{ps})
+		if err := ps.start(ctx); err != nil {
+			return err
+		}
+		if g.policyUnconfirmed.Load() {
+			g.wg.Go(func() { g.storeWait(g.runCtx, ps) })
+		}
+		g.wg.Go(func() { ps.run(g.runCtx) })
+		if g.store.Redis != nil {
+			g.wg.Go(func() { g.copyTPUSlices(g.runCtx) })
+		}
+		return nil
+	}
+}
+
+func (g *Gateway) closePolicies(ctx context.Context) error {
+	if g.host == nil {
+		return nil
+	}
+	return g.host.Close(ctx)
+}
+
+// startEndpoints builds the served models and the endpoint set, probes every endpoint once, starts the
+// scrapes and the chat token-ID checks.
+func (g *Gateway) startEndpoints(o Options) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		cfg := g.cfg
+		var upTLS *tls.Config
+		if t := cfg.UpstreamTLS; t != nil {
+			var err error
+			if upTLS, err = tlsconf.Client(t.CAFile, t.CertFile, t.KeyFile, t.ServerName); err != nil {
+				return fmt.Errorf("gateway: upstream_tls: %w", err)
+			}
+		}
+		g.up = upstream.NewWithOptions(upstream.Options{ConnectTimeout: cfg.UpstreamConnectTimeout,
+			FirstByteTimeout: cfg.UpstreamFirstByteTimeout, TotalTimeout: cfg.UpstreamTotalTimeout,
+			IdleTimeout: cfg.UpstreamIdleTimeout, ForwardCookies: cfg.ForwardCookies, TLS: upTLS})
+		g.upHTTP = g.up.HTTP()
+		encoders := map[string]route.Encoder{}
+		var all []endpoints.Endpoint
+		for i := range cfg.Models {
+			m := &cfg.Models[i]
+			enc, err := o.LoadEncoder(m.Tokenizer)
+			if err != nil {
+				return fmt.Errorf("gateway: model %s: tokenizer %s: %w", m.Name, m.Tokenizer, err)
+			}
+			encoders[m.Name] = enc
+			all = append(all, g.serveModel(m, enc)...)
+		}
+		g.eps = endpoints.NewSet(all, g.up.HTTP(), cfg.ScrapeInterval, g.log)
+		g.eps.OnScrape(func(id string, l endpoints.Load) {
+			if l.StartTime != 0 {
+				g.noteStartTime(id, l.StartTime)
+			}
+			if gd := g.guardRef.Load(); gd != nil {
+				ep, _ := g.eps.Get(id)
+				ranks := max(ep.DataParallelSize, 1)
+				for r, rid := range route.RankIDs(id, ranks) { // each rank's own load, or an even share
+					rl := l.Rank(r, ranks)
+					gd.NoteLoad(rid, int64(math.Ceil(rl.Running+rl.Waiting)), l.Scraped)
+				}
+			}
+		})
+		probeCtx, pc := context.WithTimeout(ctx, 2*time.Second)
+		g.eps.ProbeAll(probeCtx)
+		pc()
+		g.wg.Go(func() { g.eps.Run(g.runCtx) })
+		g.tokens = newTokenIDs(g, cfg, encoders, g.eps)
+		checkCtx, cc := context.WithTimeout(ctx, 5*time.Second)
+		g.tokens.start(checkCtx, g.runCtx, g)
+		cc()
+		return nil
+	}
+}
+
+// serveModel registers model m (and its LoRA adapters) with its encoder and metrics, and returns its
+// endpoints for the endpoint set.
+func (g *Gateway) serveModel(m *config.Model, enc route.Encoder) []endpoints.Endpoint {
+	var all []endpoints.Endpoint
+	rm := &route.Model{Name: m.Name, BlockSize: m.BlockSize, QueueTimeout: m.QueueTimeout, Encoder: enc,
+		MaxPromptTokens: m.MaxPromptTokens}
+	for _, e := range m.Endpoints {
+		rm.Endpoints = append(rm.Endpoints, routeEndpoints(e)...)
+		all = append(all, endpoints.Endpoint{ID: e.ID, Model: m.Name, Engine: e.Engine, URL: e.URL,
+			DataParallelSize: e.Ranks()})
+	}
+	rm.Live = route.NewEndpointList(rm.Endpoints) // the run-time list (fleetendpoints.go)
+	var ids []string
+	for _, e := range m.Endpoints {
+		ids = append(ids, e.ID)
+	}
+	var reasons []string
+	for _, r := range plugins.FallbackReasons() {
+		reasons = append(reasons, r.String())
+	}
+	g.metrics.InitModel(m.Name, ids, reasons)
+	g.models[m.Name] = server.ServedModel{Model: rm}
+	for _, l := range m.LoRAAdapters {
+		g.models[l] = server.ServedModel{Model: rm, LoRA: l}
+	}
+	return all
+}
+
+// startIngestion checks every endpoint's event configuration and starts following the store's endpoint
+// set: event ingestion runs one gateway at a time per endpoint, under a store lease. The configured
+// endpoints run (ingestion included) until the store's set, read once now, says otherwise; then the
+// gateway follows the store, the file and DNS.
+func (g *Gateway) startIngestion(ctx context.Context) error {
+	g.ingCtx, g.ingCancel = context.WithCancel(g.runCtx)
+	for _, m := range g.cfg.Models {
 		for _, e := range m.Endpoints {
 			if e.KVEvents == "" {
 				continue
 			}
 			if _, err := kvevents.NewIngester(g.ingesterConfig(m, e)); err != nil {
-				return nil, fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
+				return fmt.Errorf("gateway: endpoint %s events: %w", e.ID, err)
 			}
 		}
 	}
 	g.registerIngestMetrics()
-	// Endpoints at run time: the configured ones run (ingestion included) until the store's endpoint set,
-	// read once now, says otherwise; then the gateway follows the store, the file and DNS.
-	if err := g.startEndpointSync(ctx); err != nil {
-		return nil, err
-	}
+	return g.startEndpointSync(ctx)
+}
 
-	// The store owns its failure handling (kvstore.Guarded); the router only sees a store that answers,
-	// refuses, or is unavailable.
+// startGuard wraps the store in its failure handling (kvstore.Guarded): the router only sees a store that
+// answers, refuses, or is unavailable.
+func (g *Gateway) startGuard(context.Context) error {
+	cfg, st := g.cfg, g.store
 	var remote kvstore.Remote
 	if st.Epoch != nil {
 		remote = st.Epoch
 	}
 	g.guard = kvstore.NewGuarded(kvstore.GuardConfig{Reservations: st.Reservations, Index: st.Index, Remote: remote,
 		DownLimitShare: cfg.StoreDownLimitShare, StrictOnTimeout: cfg.StoreDownStrict, Timeout: cfg.StoreTimeout,
-		OnsetHold: 2*cfg.ScrapeInterval + 100*time.Millisecond, Log: log,
+		OnsetHold: 2*cfg.ScrapeInterval + 100*time.Millisecond, Log: g.log,
 		Endpoints: func() []kvstore.EndpointID {
 			var ids []kvstore.EndpointID
 			for _, e := range g.eps.Endpoints() {
@@ -318,106 +417,177 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 			}
 		},
 		OnEpochChange: g.storeRestartedEmpty})
-	guardRef.Store(g.guard)
+	g.guardRef.Store(g.guard)
 	if st.Epoch != nil {
 		// A standalone Redis that restarted empty is refused on every new connection until the guard has
 		// recovered onto it (kvstore.RedisEpoch); a cluster relies on the guard's periodic epoch check.
 		st.Epoch.Expect(g.guard.ExpectedEpoch)
 	}
+	return nil
+}
+
+func (g *Gateway) closeGuard(context.Context) error {
+	if g.guard != nil {
+		g.guard.Close()
+	}
+	return nil
+}
+
+// startRouter builds the routing pipeline over the guarded store and the policy host.
+func (g *Gateway) startRouter(context.Context) error {
+	cfg := g.cfg
 	g.router = route.New(route.Options{Seed: cfg.BlockKeySeed, Index: g.guard, Reservations: g.guard,
 		SpeculativeTTL: cfg.SpeculativeTTL, LeaseTTL: cfg.LeaseTTL,
-		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{host}, Endpoints: g.eps,
-		Metrics: g.metrics, Log: log, HitTTL: cfg.IndexUnconfirmedTTL})
+		DefaultOutputTokens: cfg.DefaultOutputTokens, Ranker: hostRanker{g.host}, Endpoints: g.eps,
+		Metrics: g.metrics, Log: g.log, HitTTL: cfg.IndexUnconfirmedTTL})
+	return nil
+}
 
-	var listenTLS *tls.Config
-	if cfg.TLS != nil {
-		ts, err := tlsconf.NewServer(cfg.TLS.CertFile, cfg.TLS.KeyFile, log)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: tls: %w", err)
-		}
-		listenTLS = ts.Config()
+// startTracing starts the OpenTelemetry tracer provider when the config has tracing.
+func (g *Gateway) startTracing(ctx context.Context) error {
+	t := g.cfg.Tracing
+	if t == nil {
+		return nil
 	}
-	var tracer trace.Tracer
-	if t := cfg.Tracing; t != nil {
-		if g.traces, err = tracing.New(ctx, tracing.Options{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio,
-			ServiceName: t.ServiceName, BatchTimeout: t.BatchTimeout}); err != nil {
-			return nil, fmt.Errorf("gateway: tracing: %w", err)
-		}
-		tracer = g.traces.Tracer()
+	var err error
+	if g.traces, err = tracing.New(ctx, tracing.Options{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio,
+		ServiceName: t.ServiceName, BatchTimeout: t.BatchTimeout}); err != nil {
+		return fmt.Errorf("gateway: tracing: %w", err)
 	}
-	g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router, TLS: listenTLS, Tracer: tracer,
-		Upstream: up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
-		EngineBody: g.tokens.engineBody, Store: g.guard.Status})
+	return nil
+}
 
-	ln := o.Listener
-	if ln == nil {
-		ln, err = net.Listen("tcp", cfg.Listen)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: listen: %w", err)
-		}
+// closeTracing flushes the last requests' spans, even when ctx (the drain timeout) is already over.
+func (g *Gateway) closeTracing(context.Context) error {
+	if g.traces == nil {
+		return nil
 	}
-	g.ln = ln
-	g.stopped = make(chan error, 2)
-	go func() {
-		err := g.srv.Serve(ln)
-		if g.closing.Load() {
-			return
-		}
-		if err == nil {
-			err = errors.New("the listener was closed")
-		}
-		// Serving ended without Close: a gateway that no longer accepts must not idle on as a live process.
-		log.Error("the server stopped serving; the process should exit", slog.String("error", err.Error()))
-		g.stopped <- fmt.Errorf("gateway: stopped serving: %w", err)
-	}()
-	if cfg.MetricsListen != "" {
-		g.mln, err = net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: metrics_listen: %w", err)
-		}
-		g.msrv = &http.Server{Handler: g.srv.MetricsHandler(), ReadHeaderTimeout: cfg.ClientHeaderTimeout,
-			ReadTimeout: cfg.ClientBodyTimeout, WriteTimeout: cfg.ClientWriteTimeout, IdleTimeout: cfg.ClientIdleTimeout}
-		go func() {
-			if err := g.msrv.Serve(g.mln); err != nil && !errors.Is(err, http.ErrServerClosed) && !g.closing.Load() {
-				log.Error("the metrics server stopped serving", slog.String("error", err.Error()))
-				g.stopped <- fmt.Errorf("gateway: metrics server stopped: %w", err)
+	tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return g.traces.Shutdown(tctx)
+}
+
+// startServer builds the HTTP server and serves on the listener (Options.Listener, or cfg.Listen).
+func (g *Gateway) startServer(o Options) func(ctx context.Context) error {
+	return func(context.Context) error {
+		cfg, log := g.cfg, g.log
+		var listenTLS *tls.Config
+		if cfg.TLS != nil {
+			ts, err := tlsconf.NewServer(cfg.TLS.CertFile, cfg.TLS.KeyFile, log)
+			if err != nil {
+				return fmt.Errorf("gateway: tls: %w", err)
 			}
+			listenTLS = ts.Config()
+		}
+		var tracer trace.Tracer
+		if g.traces != nil {
+			tracer = g.traces.Tracer()
+		}
+		g.srv = server.New(server.Options{Config: cfg, Secrets: o.Secrets, Models: g.models, Router: g.router, TLS: listenTLS, Tracer: tracer,
+			Upstream: g.up, Endpoints: g.eps, Metrics: g.metrics, Log: log, Admin: g.mountAdmin, Ready: g.readyDetails,
+			EngineBody: g.tokens.engineBody, Store: g.guard.Status})
+		ln := o.Listener
+		if ln == nil {
+			var err error
+			if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+				return fmt.Errorf("gateway: listen: %w", err)
+			}
+		}
+		g.ln = ln
+		g.stopped = make(chan error, 2)
+		go func() {
+			err := g.srv.Serve(ln)
+			if g.closing.Load() {
+				return
+			}
+			if err == nil {
+				err = errors.New("the listener was closed")
+			}
+			// Serving ended without Close: a gateway that no longer accepts must not idle on as a live process.
+			log.Error("the server stopped serving; the process should exit", slog.String("error", err.Error()))
+			g.stopped <- fmt.Errorf("gateway: stopped serving: %w", err)
 		}()
+		return nil
 	}
-	log.Info("gateway listening", slog.String("addr", ln.Addr().String()), slog.Int("models", len(cfg.Models)),
-		slog.Int("endpoints", len(all)), slog.String("store", cfg.Store.Kind))
-	ok = true
-	return g, nil
+}
+
+// closeServer shuts the server down and closes its listener: a Shutdown that comes before Serve has
+// registered the listener (a Start that failed right after) would otherwise leave it accepting.
+func (g *Gateway) closeServer(ctx context.Context) error {
+	if g.srv == nil {
+		return nil
+	}
+	err := g.srv.Shutdown(ctx)
+	if g.ln != nil {
+		if cerr := g.ln.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) && err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// startMetricsServer serves /metrics on metrics_listen when set.
+func (g *Gateway) startMetricsServer(context.Context) error {
+	cfg := g.cfg
+	if cfg.MetricsListen == "" {
+		return nil
+	}
+	var err error
+	if g.mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+		return fmt.Errorf("gateway: metrics_listen: %w", err)
+	}
+	g.msrv = &http.Server{Handler: g.srv.MetricsHandler(), ReadHeaderTimeout: cfg.ClientHeaderTimeout,
+		ReadTimeout: cfg.ClientBodyTimeout, WriteTimeout: cfg.ClientWriteTimeout, IdleTimeout: cfg.ClientIdleTimeout}
+	go func() {
+		if err := g.msrv.Serve(g.mln); err != nil && !errors.Is(err, http.ErrServerClosed) && !g.closing.Load() {
+			g.log.Error("the metrics server stopped serving", slog.String("error", err.Error()))
+			g.stopped <- fmt.Errorf("gateway: metrics server stopped: %w", err)
+		}
+	}()
+	return nil
+}
+
+func (g *Gateway) closeMetricsServer(context.Context) error {
+	if g.msrv != nil {
+		g.msrv.Close()
+	} else if g.mln != nil {
+		g.mln.Close()
+	}
+	return nil
 }
 
 // configPolicy returns the entry the config names for m (its stack's floor): the built-in three-tier, or a
-// module already uploaded to the store ("name" = its only stored version, "name@sha256-prefix"), loaded here,
-// with the config's JSON config.
+// module already uploaded to the store, loaded here, with the config's JSON config. The name is resolved
+// by plugins.ResolveVersion with bare names: "name" is that name's only version, "name@" plus at least 8 hex
+// digits (any case) a unique digest prefix; the built-in is a candidate like the stored modules.
 func (g *Gateway) configPolicy(ctx context.Context, m config.Model) (kvstore.PolicyEntry, error) {
 	name := m.Policy.Name
-	builtin := string(g.host.BuiltinVersion())
+	builtin := g.host.BuiltinVersion()
 	cfg := compactJSON(m.Policy.ConfigJSON())
-	if name == config.DefaultPolicyName || name == builtin || (strings.Contains(name, "@") && strings.HasPrefix(builtin, name)) {
-		return kvstore.PolicyEntry{Version: builtin, Config: cfg}, nil
+	if name == config.DefaultPolicyName {
+		return kvstore.PolicyEntry{Version: string(builtin), Config: cfg}, nil
 	}
 	blobs, err := g.store.Blobs.ListBlobs(ctx)
 	if err != nil {
 		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %q: list stored policies: %w", m.Name, name, err)
 	}
-	var found []string
+	candidates := []plugins.Version{builtin}
 	for _, b := range blobs {
-		if strings.HasPrefix(b.Name, name) && (strings.Contains(name, "@") || strings.HasPrefix(b.Name, name+"@")) {
-			found = append(found, b.Name)
+		if plugins.IsVersion(b.Name) {
+			candidates = append(candidates, plugins.Version(b.Name))
 		}
 	}
-	if len(found) != 1 {
-		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %q matches %d stored versions (upload it with `kvgate policy upload`, or pin name@sha256): %v",
-			m.Name, name, len(found), found)
+	v, err := plugins.ResolveVersion(candidates, name, true)
+	if err != nil {
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy: %w (upload it with `kvgate policy upload`, or pin name@sha256)", m.Name, err)
 	}
-	if err := g.policySync.ensureLoaded(ctx, found[0]); err != nil {
-		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, found[0], err)
+	if v == builtin {
+		return kvstore.PolicyEntry{Version: string(builtin), Config: cfg}, nil
 	}
-	return kvstore.PolicyEntry{Version: found[0], Config: cfg}, nil
+	if err := g.policySync.ensureLoaded(ctx, string(v)); err != nil {
+		return kvstore.PolicyEntry{}, fmt.Errorf("gateway: model %s: policy %s: %w", m.Name, v, err)
+	}
+	return kvstore.PolicyEntry{Version: string(v), Config: cfg}, nil
 }
 
 // ID is this gateway's ID: its ingestion lease holder name and the key of its serving report.
@@ -476,34 +646,16 @@ func (g *Gateway) IngestStats() []kvevents.Stats {
 
 // Close stops serving, cancels in-flight requests, stops probes and ingestion, and closes the policy host.
 func (g *Gateway) Close(ctx context.Context) error {
-	var errs []error
 	g.closing.Store(true)
-	if g.msrv != nil {
-		g.msrv.Close()
+	var errs []error
+	for i := len(g.started) - 1; i >= 0; i-- {
+		if c := g.started[i]; c.close != nil {
+			if err := c.close(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+			}
+		}
 	}
-	if g.srv != nil {
-		errs = append(errs, g.srv.Shutdown(ctx))
-	}
-	if g.traces != nil {
-		// The last requests' spans, even when ctx (the drain timeout) is already over.
-		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		errs = append(errs, g.traces.Shutdown(tctx))
-		cancel()
-	}
-	if g.cancel != nil {
-		g.cancel()
-	}
-	g.wg.Wait()
-	g.ingWG.Wait() // ingesters close and release their leases as runIngestion returns
-	if g.guard != nil {
-		g.guard.Close()
-	}
-	if g.host != nil {
-		errs = append(errs, g.host.Close(ctx))
-	}
-	if g.store != nil {
-		errs = append(errs, g.store.Close())
-	}
+	g.stopBackground() // also when no component started
 	return errors.Join(errs...)
 }
 

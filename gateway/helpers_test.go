@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 const qwenDir = "../examples/models/qwen3"
@@ -137,17 +138,8 @@ func post(t testing.TB, url, body string, hdr ...string) (int, http.Header, []by
 	return resp.StatusCode, resp.Header, b
 }
 
-// waitFor polls cond every 20ms up to d.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cond()
-}
+// waitFor is testenv.WaitFor (polls cond up to d).
+var waitFor = testenv.WaitFor
 
 // quietRedis drops go-redis's own (global, non-JSON) log lines in tests.
 type quietRedis struct{}

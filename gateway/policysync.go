@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -104,9 +102,8 @@ func (p *policySync) entry(e kvstore.PolicyEntry) plugins.Entry {
 
 // PolicyLoaded stores an accepted module under its version.
 func (p *policySync) PolicyLoaded(ctx context.Context, name string, wasm []byte) error {
-	sum := sha256.Sum256(wasm)
-	sha := hex.EncodeToString(sum[:])
-	v := name + "@" + sha
+	ver := plugins.VersionOf(name, wasm)
+	v, sha := string(ver), ver.SHA256()
 	if err := p.blobs().PutBlob(ctx, v, sha, wasm); err != nil {
 		return err
 	}
@@ -127,7 +124,7 @@ func (p *policySync) StoredVersions(ctx context.Context) ([]plugins.Version, err
 	}
 	var out []plugins.Version
 	for _, b := range list {
-		if strings.Contains(b.Name, "@") {
+		if plugins.IsVersion(b.Name) {
 			out = append(out, plugins.Version(b.Name))
 		}
 	}
@@ -460,8 +457,7 @@ func (p *policySync) load(ctx context.Context, v string) error {
 	p.mu.Lock()
 	p.copy.modules[v] = kvstore.FleetBlob{Name: v, SHA256: sha, Data: data}
 	p.mu.Unlock()
-	name, _, _ := strings.Cut(v, "@")
-	_, _, err = p.g.host.Load(name, data)
+	_, _, err = p.g.host.Load(plugins.Version(v).Name(), data)
 	return err
 }
 
@@ -472,7 +468,7 @@ func (p *policySync) loadAll(ctx context.Context) {
 		return
 	}
 	for _, b := range list {
-		if strings.Contains(b.Name, "@") {
+		if plugins.IsVersion(b.Name) {
 			if err := p.ensureLoaded(ctx, b.Name); err != nil && ctx.Err() == nil {
 				p.g.log.Debug("stored policy not loaded", slog.String("policy", b.Name), slog.String("error", err.Error()))
 			}
@@ -675,7 +671,7 @@ func (p *policySync) unloadGone(list []kvstore.BlobInfo, gen uint64) {
 	listed := make(map[string]bool, len(list))
 	p.mu.Lock()
 	for _, b := range list {
-		if strings.Contains(b.Name, "@") {
+		if plugins.IsVersion(b.Name) {
 			listed[b.Name] = true
 			if _, ok := p.stored[b.Name]; !ok {
 				p.stored[b.Name] = gen

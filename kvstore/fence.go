@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"sync"
@@ -164,17 +163,12 @@ func (v *fencedMemory) Demote(ctx context.Context, model string, ep EndpointID, 
 // ---- Redis ----
 
 var (
-	//go:embed scripts/index_fence.lua
-	luaIndexFence string
-	//go:embed scripts/index_fence_raise.lua
-	luaIndexFenceRaise string
-
-	scriptFenceRaise    = redis.NewScript(luaIndexFenceRaise)
-	scriptFencedAdd     = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexAdd)
-	scriptFencedRemove  = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexRemove)
-	scriptFencedClear   = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexClear)
-	scriptFencedClearC  = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexClearConfirmed)
-	scriptFencedDemote  = redis.NewScript(luaIndexFence + luaIndexLib + luaIndexDemote)
+	scriptFenceRaise    = script("index_fence_raise")
+	scriptFencedAdd     = script("index_fence", "index_lib", "index_add")
+	scriptFencedRemove  = script("index_fence", "index_lib", "index_remove")
+	scriptFencedClear   = script("index_fence", "index_lib", "index_clear")
+	scriptFencedClearC  = script("index_fence", "index_lib", "index_clear_confirmed")
+	scriptFencedDemote  = script("index_fence", "index_lib", "index_demote")
 	fencedScriptsByBase = map[*redis.Script]*redis.Script{
 		scriptIndexAdd: scriptFencedAdd, scriptIndexRemove: scriptFencedRemove, scriptIndexClear: scriptFencedClear,
 		scriptIndexClearConfirmed: scriptFencedClearC, scriptIndexDemote: scriptFencedDemote,

@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/conformance"
 	"github.com/kvgate/kvgate/kvstore/redistest"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -263,16 +264,7 @@ func portOf(t *testing.T, addr string) int {
 	return n
 }
 
-func waitFor(d time.Duration, ok func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
-}
+var waitFor = testenv.WaitFor
 
 // ---- the outage suite ----
 

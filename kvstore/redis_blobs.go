@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,13 +13,8 @@ import (
 )
 
 var (
-	//go:embed scripts/lease_acquire.lua
-	luaLeaseAcquire string
-	//go:embed scripts/lease_renew.lua
-	luaLeaseRenew string
-
-	scriptLeaseAcquire = redis.NewScript(luaLeaseAcquire)
-	scriptLeaseRenew   = redis.NewScript(luaLeaseRenew)
+	scriptLeaseAcquire = script("lease_acquire")
+	scriptLeaseRenew   = script("lease_renew")
 )
 
 // RedisBlobs is the Redis Blobs and Leases. Key layout (v1), base = "<Prefix>:v1:":

@@ -2,25 +2,15 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"encoding/json"
 	"fmt"
 	"strconv"
-
-	"github.com/redis/go-redis/v9"
 )
 
 var (
-	//go:embed scripts/endpoints_read.lua
-	luaEndpointsRead string
-	//go:embed scripts/endpoints_seed.lua
-	luaEndpointsSeed string
-	//go:embed scripts/endpoints_write.lua
-	luaEndpointsWrite string
-
-	scriptEndpointsRead  = redis.NewScript(luaPolicyLib + luaEndpointsRead)
-	scriptEndpointsSeed  = redis.NewScript(luaPolicyLib + luaEndpointsSeed)
-	scriptEndpointsWrite = redis.NewScript(luaPolicyLib + luaEndpointsWrite)
+	scriptEndpointsRead  = script("policy_lib", "endpoints_read")
+	scriptEndpointsSeed  = script("policy_lib", "endpoints_seed")
+	scriptEndpointsWrite = script("policy_lib", "endpoints_write")
 )
 
 var _ Endpoints = (*RedisBlobs)(nil)

@@ -16,7 +16,7 @@ import (
 // A store whose epoch check is on keeps working while the marker holds, refuses every connection to a
 // Redis that restarted empty (no command reaches it: go-redis would otherwise retry the command there
 // silently), and connects again once nothing is required (the guard is recovering). On a non-zero DB: the
-// check runs after go-redis's own SELECT. (Moved from gateway/epochguard_test.go with the check.)
+// check runs after go-redis's own SELECT. (Moved from the gateway package with the check.)
 func TestRedisEpochCheckRefusesRestartedRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	ctx := context.Background()

@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,33 +11,14 @@ import (
 )
 
 var (
-	//go:embed scripts/policy_lib.lua
-	luaPolicyLib string
-	//go:embed scripts/policy_seed.lua
-	luaPolicySeed string
-	//go:embed scripts/policy_floor.lua
-	luaPolicyFloor string
-	//go:embed scripts/policy_activate.lua
-	luaPolicyActivate string
-	//go:embed scripts/policy_rollback.lua
-	luaPolicyRollback string
-	//go:embed scripts/policy_unload.lua
-	luaPolicyUnload string
-	//go:embed scripts/policy_read.lua
-	luaPolicyRead string
-	//go:embed scripts/policy_reseed.lua
-	luaPolicyReseed string
-	//go:embed scripts/policy_serving.lua
-	luaPolicyServing string
-
-	scriptPolicySeed     = redis.NewScript(luaPolicyLib + luaPolicySeed)
-	scriptPolicyFloor    = redis.NewScript(luaPolicyLib + luaPolicyFloor)
-	scriptPolicyActivate = redis.NewScript(luaPolicyLib + luaPolicyActivate)
-	scriptPolicyRollback = redis.NewScript(luaPolicyLib + luaPolicyRollback)
-	scriptPolicyUnload   = redis.NewScript(luaPolicyLib + luaPolicyUnload)
-	scriptPolicyRead     = redis.NewScript(luaPolicyLib + luaPolicyRead)
-	scriptPolicyReseed   = redis.NewScript(luaPolicyLib + luaPolicyReseed)
-	scriptPolicyServing  = redis.NewScript(luaPolicyLib + luaPolicyServing)
+	scriptPolicySeed     = script("policy_lib", "policy_seed")
+	scriptPolicyFloor    = script("policy_lib", "policy_floor")
+	scriptPolicyActivate = script("policy_lib", "policy_activate")
+	scriptPolicyRollback = script("policy_lib", "policy_rollback")
+	scriptPolicyUnload   = script("policy_lib", "policy_unload")
+	scriptPolicyRead     = script("policy_lib", "policy_read")
+	scriptPolicyReseed   = script("policy_lib", "policy_reseed")
+	scriptPolicyServing  = script("policy_lib", "policy_serving")
 )
 
 var _ Policies = (*RedisBlobs)(nil)

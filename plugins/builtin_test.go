@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // TestBuiltinReproducible rebuilds plugins/builtin/threetier exactly as `make policies` does and checks

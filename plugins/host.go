@@ -2,8 +2,6 @@ package plugins
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -28,7 +26,8 @@ type RequestInfo = sdk.Request
 // EndpointInfo is one candidate endpoint of a Snapshot.
 type EndpointInfo = sdk.Endpoint
 
-// Version names one loaded module: its name, "@", and the lowercase hex sha256 of its bytes.
+// Version names one loaded module: its name, "@", and the lowercase hex sha256 of its bytes (VersionOf
+// builds one, ParseVersion checks one, ResolveVersion finds one from a name or a digest prefix).
 type Version string
 
 // Options configure a Host. The zero value gives the documented defaults.
@@ -135,6 +134,16 @@ func (r Reason) String() string {
 		return reasonNames[r]
 	}
 	return "unknown"
+}
+
+// FallbackReasons returns every reason a ranking can fall back for (all but ReasonNone), in order: the
+// label values of kvgate_policy_fallbacks_total.
+func FallbackReasons() []Reason {
+	out := make([]Reason, 0, numReasons-1)
+	for r := ReasonNone + 1; r < numReasons; r++ {
+		out = append(out, r)
+	}
+	return out
 }
 
 // RankInfo describes how one ranking was made.
@@ -305,12 +314,6 @@ func checkName(name string) error {
 		}
 	}
 	return nil
-}
-
-// VersionOf returns the Version that Load would give wasm under name.
-func VersionOf(name string, wasm []byte) Version {
-	sum := sha256.Sum256(wasm)
-	return Version(name + "@" + hex.EncodeToString(sum[:]))
 }
 
 func (h *Host) load(ctx context.Context, name string, wasm []byte, trusted bool) (*version, *ValidationReport, error) {

@@ -9,7 +9,7 @@ type Sample struct {
 }
 
 // SampleSnapshots returns the validation samples: the edge cases (no endpoint, none healthy, one
-// endpoint, empty prompt), the failure-mode snapshots of DESIGN.md, and pseudo-random fleets of 8, 16 and
+// endpoint, empty prompt), the failure-mode snapshots of plugins/testdata/decisions, and pseudo-random fleets of 8, 16 and
 // 64 endpoints (fixed seeds). A module must answer each with a valid ranking within the call deadline.
 // The returned value is fresh on every call.
 func SampleSnapshots() []Sample {

@@ -31,7 +31,7 @@ func fromFile(name string) func(t *testing.T) []byte {
 	return func(t *testing.T) []byte { return readWasm(t, name) }
 }
 
-// TestResourceBombs loads every resource bomb through Host.Load (plugins/testdata/*.wat, and modules
+// TestResourceBombs loads every resource bomb through Host.Load (plugins/testdata/wat/*.wat, and modules
 // generated below whose counts are too large for a WAT file): each is rejected with the expected problem
 // or accepted and ranked within its deadline, without a crash, an OOM or a multi-second stall, and the
 // process's heap (runtime.MemStats.HeapSys) grows by less than 256 MiB across all of them.

@@ -76,7 +76,7 @@ func freeBlocks(t *testing.T, a *Allocator, pool, slice string) map[string]int {
 
 func eqInts(a []int, b ...int) bool { return slices.Equal(a, b) }
 
-// runConformance is the one suite every backend passes: the 24 worked cases of ref/notes/tpu.md section 4,
+// runConformance is the one suite every backend passes: the 24 worked cases of the TPU reference notes (section 4),
 // then registration, renewal and state checks.
 func runConformance(t *testing.T, newBackend backendFactory) {
 	ctx := context.Background()

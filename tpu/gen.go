@@ -107,9 +107,6 @@ var generations = []*Generation{
 	},
 }
 
-// Generations returns the table, in the order v4, v5litepod, v5p, v6e, tpu7x.
-func Generations() []*Generation { return append([]*Generation(nil), generations...) }
-
 // LookupGeneration finds a generation by name or alias (case-insensitive).
 func LookupGeneration(name string) (*Generation, bool) {
 	n := strings.ToLower(strings.TrimSpace(name))

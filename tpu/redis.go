@@ -2,7 +2,7 @@ package tpu
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -14,27 +14,12 @@ import (
 )
 
 var (
-	//go:embed scripts/lib.lua
-	luaLib string
-	//go:embed scripts/register.lua
-	luaRegister string
-	//go:embed scripts/health.lua
-	luaHealth string
-	//go:embed scripts/reserve.lua
-	luaReserve string
-	//go:embed scripts/renew.lua
-	luaRenew string
-	//go:embed scripts/release.lua
-	luaRelease string
-	//go:embed scripts/view.lua
-	luaView string
-
-	scriptRegister = redis.NewScript(luaLib + luaRegister)
-	scriptHealth   = redis.NewScript(luaLib + luaHealth)
-	scriptReserve  = redis.NewScript(luaLib + luaReserve)
-	scriptRenew    = redis.NewScript(luaLib + luaRenew)
-	scriptRelease  = redis.NewScript(luaLib + luaRelease)
-	scriptView     = redis.NewScript(luaLib + luaView)
+	scriptRegister = luaScript("lib", "register")
+	scriptHealth   = luaScript("lib", "health")
+	scriptReserve  = luaScript("lib", "reserve")
+	scriptRenew    = luaScript("lib", "renew")
+	scriptRelease  = luaScript("lib", "release")
+	scriptView     = luaScript("lib", "view")
 )
 
 // RedisOptions configure NewRedis.
@@ -241,4 +226,16 @@ func (b *redisBackend) pools(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("tpu: redis: %w", err)
 	}
 	return p, nil
+}
+
+//go:embed scripts/*.lua
+var scriptFS embed.FS
+
+// luaScript is kvstore.LuaScript over this package's scripts directory (names without ".lua").
+func luaScript(names ...string) *redis.Script {
+	paths := make([]string, len(names))
+	for i, n := range names {
+		paths[i] = "scripts/" + n + ".lua"
+	}
+	return kvstore.LuaScript(scriptFS, paths...)
 }

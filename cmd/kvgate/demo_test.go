@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 // Issue 18: the README's first request, with `make run`'s own config and `kvgate serve --listen`: the
@@ -20,50 +18,21 @@ func TestDemoFirstRequestHits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a gateway with four simulated engines")
 	}
-	wd, _ := os.Getwd()
-	if err := os.Chdir("../.."); err != nil { // make run runs at the repository root
-		t.Fatal(err)
-	}
-	defer os.Chdir(wd)
+	t.Chdir("../..") // make run runs at the repository root; restored after serve stops
 	t.Setenv("KVGATE_ADMIN_TOKEN", "")
 	body, err := os.ReadFile(demoRequest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := newServeCmd()
-	cmd.SetArgs([]string{"--config", "examples/configs/demo.yaml", "--listen", "127.0.0.1:0"})
-	cmd.SetOut(pw)
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not stop")
-		}
-	}()
-	var banner strings.Builder
-	addr := ""
-	re := regexp.MustCompile(`listening on http://(127\.0\.0\.1:\d+) with 4 simulated engines`)
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() {
-		banner.WriteString(sc.Text() + "\n")
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			addr = m[1]
-		}
-		if strings.HasPrefix(sc.Text(), "Metrics:") {
-			break
-		}
-	}
-	go io.Copy(io.Discard, pr)
-	if addr == "" || !strings.Contains(banner.String(), "-d @"+demoRequest) {
-		t.Fatalf("banner:\n%s", banner.String())
+	addr, banner := runServe(t, func(ctx context.Context, out io.Writer) error {
+		cmd := newServeCmd()
+		cmd.SetArgs([]string{"--config", "examples/configs/demo.yaml", "--listen", "127.0.0.1:0"})
+		cmd.SetOut(out)
+		return cmd.ExecuteContext(ctx)
+	})
+	if !regexp.MustCompile(`listening on http://127\.0\.0\.1:\d+ with 4 simulated engines`).MatchString(banner) ||
+		!strings.Contains(banner, "-d @"+demoRequest) {
+		t.Fatalf("banner:\n%s", banner)
 	}
 	var eps []string
 	var cached []int

@@ -25,6 +25,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // drainChildEnv makes the test binary run `kvgate serve --config $KVGATE_TEST_DRAIN_CHILD` (the child
@@ -148,7 +149,7 @@ models:
 		t.Fatal("the child printed no address")
 	}
 	// A holds e0's ingestion lease before B starts.
-	if !waitUntil(10*time.Second, func() bool {
+	if !testenv.WaitFor(10*time.Second, func() bool {
 		_, b := get(t, "http://"+addr+"/readyz", "s3cret")
 		return strings.Contains(b, `"ingestion":{"e0":{"connected":true`)
 	}) {
@@ -191,7 +192,7 @@ models:
 	t0 := time.Now()
 	child.Process.Signal(syscall.SIGTERM)
 	// /readyz fails at once (the listener still answers).
-	if !waitUntil(500*time.Millisecond, func() bool {
+	if !testenv.WaitFor(500*time.Millisecond, func() bool {
 		code, body := get(t, "http://"+addr+"/readyz", "")
 		return code == 503 && strings.Contains(body, `"draining":true`)
 	}) {
@@ -213,7 +214,7 @@ models:
 		t.Fatalf("during the grace: %d, close %v", resp.StatusCode, resp.Close)
 	}
 	// B takes e0's events over within a lease tick of the handover (not after the lease expires).
-	if !waitUntil(gateway.IngestLeaseTick+time.Second, func() bool { return len(b.IngestStats()) == 1 }) {
+	if !testenv.WaitFor(gateway.IngestLeaseTick+time.Second, func() bool { return len(b.IngestStats()) == 1 }) {
 		t.Fatal("B did not take e0's ingestion over")
 	}
 	takeover := time.Since(t0)
@@ -261,17 +262,6 @@ func inFlight(t *testing.T, g *gateway.Gateway) int64 {
 		t.Fatal(err)
 	}
 	return m["e0"].Requests
-}
-
-func waitUntil(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cond()
 }
 
 func get(t *testing.T, url, token string) (int, string) {

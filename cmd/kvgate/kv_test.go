@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// TestKVDecodeGolden decodes every reference payload (kvstore/kvevents/testdata, copied from ref/kv-events)
+// TestKVDecodeGolden decodes every reference payload (kvstore/kvevents/testdata, the reference kv-events goldens)
 // and checks the JSON against golden.json's hash values and inputs.
 func TestKVDecodeGolden(t *testing.T) {
 	var g struct {

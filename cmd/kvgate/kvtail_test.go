@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // kvPublisher is a libzmq (pyzmq) PUB socket on a loopback port that sends payloads in turn as

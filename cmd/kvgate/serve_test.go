@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/plugins"
@@ -28,37 +26,9 @@ func TestServeAndPolicyCommands(t *testing.T) {
 	abs, _ := filepath.Abs("../../examples/models/qwen3")
 	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nshutdown_grace: 0s\nadmin_token_env: KVGATE_TEST_ADMIN\nmodels:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
 	t.Setenv("KVGATE_TEST_ADMIN", "s3cret")
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, pw); pw.Close() }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not stop")
-		}
-	}()
-	var banner strings.Builder
-	addr := ""
-	sc := bufio.NewScanner(pr)
-	re := regexp.MustCompile(`listening on http://(\S+) with 2 simulated engines`)
-	for sc.Scan() {
-		banner.WriteString(sc.Text() + "\n")
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			addr = m[1]
-		}
-		if strings.HasPrefix(sc.Text(), "Metrics:") {
-			break
-		}
-	}
-	go io.Copy(io.Discard, pr)
-	if addr == "" || !strings.Contains(banner.String(), "Admin token: from $KVGATE_TEST_ADMIN") {
-		t.Fatalf("banner:\n%s", banner.String())
+	addr, banner := runServe(t, func(ctx context.Context, out io.Writer) error { return serve(ctx, cfg, out) })
+	if !strings.Contains(banner, "with 2 simulated engines") || !strings.Contains(banner, "Admin token: from $KVGATE_TEST_ADMIN") {
+		t.Fatalf("banner:\n%s", banner)
 	}
 	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"qwen3","messages":[{"role":"user","content":"Hello!"}],"max_tokens":16}`))

@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
-// tokModelDir locates a reference model like the tokenizer tests do (tests/testenv.ModelDir).
+// tokModelDir locates a reference model like the tokenizer tests do (kvstore/testenv.ModelDir).
 func tokModelDir(t *testing.T, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 func runTokenize(t *testing.T, stdin string, args ...string) (string, error) {
@@ -34,7 +34,7 @@ type goldenIDs struct {
 	SpecialPrefix []uint32 `json:"special_prefix"`
 }
 
-// readLines decodes a JSON-lines golden file (tests/testenv.ReadJSONL).
+// readLines decodes a JSON-lines golden file (kvstore/testenv.ReadJSONL).
 func readLines[T any](t *testing.T, path string) []T {
 	t.Helper()
 	return testenv.ReadJSONL[T](t, path)
@@ -121,17 +121,18 @@ func TestTokenizeErrors(t *testing.T) {
 }
 
 // TestTokenizeChat renders a reference conversation with --chat (prompt and IDs must equal the Python
-// jinja2 render and HF's IDs, from gateway/model/testdata) and checks that a request the template rejects
+// jinja2 render in gateway/chattemplate/testdata and HF's IDs in gateway/model/testdata) and checks that a request the template rejects
 // prints {"error"} and fails.
 func TestTokenizeChat(t *testing.T) {
-	testdata := filepath.Join("..", "..", "gateway", "model", "testdata")
+	renders := filepath.Join("..", "..", "gateway", "chattemplate", "testdata", "renders_py")
+	ids := filepath.Join("..", "..", "gateway", "model", "testdata", "renders")
 	body := `{"model":"m","messages":[{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello! What's 2+2?"}],"add_generation_prompt":true}`
-	want, err := os.ReadFile(filepath.Join(testdata, "renders", "qwen3", "sys_user_gen.txt"))
+	want, err := os.ReadFile(filepath.Join(renders, "qwen3", "sys_user_gen.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wantIDs []uint32
-	for _, g := range readLines[goldenIDs](t, filepath.Join(testdata, "renders", "qwen3.ids.jsonl")) {
+	for _, g := range readLines[goldenIDs](t, filepath.Join(ids, "qwen3.ids.jsonl")) {
 		if g.Name == "sys_user_gen" {
 			wantIDs = g.IDs
 		}

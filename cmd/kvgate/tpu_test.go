@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 // startServeGateway runs `kvgate serve` (memory store, 2 simulated engines: what `make run` starts) and
@@ -28,35 +25,9 @@ func startServeGatewayWith(t *testing.T, adminEnv, extra string) string {
 	cfg := filepath.Join(dir, "c.yaml")
 	abs, _ := filepath.Abs("../../examples/models/qwen3")
 	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nadmin_token_env: "+adminEnv+"\n"+extra+"models:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, pw); pw.Close() }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not stop")
-		}
-	})
-	re := regexp.MustCompile(`listening on http://(\S+) with 2 simulated engines`)
-	addr := ""
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			addr = m[1]
-		}
-		if strings.HasPrefix(sc.Text(), "Metrics:") {
-			break
-		}
-	}
-	go io.Copy(io.Discard, pr)
-	if addr == "" {
-		t.Fatal("no listening line from serve")
+	addr, banner := runServe(t, func(ctx context.Context, out io.Writer) error { return serve(ctx, cfg, out) })
+	if !strings.Contains(banner, "with 2 simulated engines") {
+		t.Fatalf("banner:\n%s", banner)
 	}
 	return addr
 }

@@ -267,36 +267,21 @@ type ActivateRequest struct {
 	Config  json.RawMessage `json:"config"`
 }
 
-// Errors of ResolveVersion (wrapped with the version asked for; match with errors.Is).
+// Errors of ResolveVersion: plugins' (wrapped with the version asked for; match with errors.Is).
 var (
-	// ErrBadVersion: not "name@" followed by at least 8 hex digits.
-	ErrBadVersion = errors.New("want name@sha256 (at least 8 hex digits)")
-	// ErrVersionNotFound: no listed version matches.
-	ErrVersionNotFound = errors.New("not loaded")
-	// ErrVersionAmbiguous: the hex prefix matches more than one listed version of that name.
-	ErrVersionAmbiguous = errors.New("ambiguous: give more hex digits")
+	ErrBadVersion       = plugins.ErrBadVersion       // not "name@" followed by at least 8 hex digits
+	ErrVersionNotFound  = plugins.ErrVersionNotFound  // no listed version matches
+	ErrVersionAmbiguous = plugins.ErrVersionAmbiguous // the hex prefix matches more than one listed version
 )
 
 // ResolveVersion finds the listed version named by s: exact, or name@ plus a unique hex prefix (≥ 8,
-// any case). Errors: ErrBadVersion, ErrVersionNotFound, ErrVersionAmbiguous.
+// any case): plugins.ResolveVersion over the listed versions, without bare names.
 func ResolveVersion(versions []plugins.VersionInfo, s string) (plugins.Version, error) {
-	name, hex, ok := strings.Cut(s, "@")
-	if !ok || name == "" || len(hex) < 8 || strings.Trim(strings.ToLower(hex), "0123456789abcdef") != "" {
-		return "", fmt.Errorf("version %q: %w", s, ErrBadVersion)
+	vs := make([]plugins.Version, len(versions))
+	for i, v := range versions {
+		vs[i] = v.Version
 	}
-	var found []plugins.Version
-	for _, v := range versions {
-		if v.Name == name && strings.HasPrefix(v.SHA256, strings.ToLower(hex)) {
-			found = append(found, v.Version)
-		}
-	}
-	switch len(found) {
-	case 0:
-		return "", fmt.Errorf("version %q: %w", s, ErrVersionNotFound)
-	case 1:
-		return found[0], nil
-	}
-	return "", fmt.Errorf("version %q: %w", s, ErrVersionAmbiguous)
+	return plugins.ResolveVersion(vs, s, false)
 }
 
 func (a *API) hasModel(m string) bool {
@@ -389,11 +374,10 @@ type UnloadResponse struct {
 func withStored(local []plugins.VersionInfo, stored []plugins.Version) []plugins.VersionInfo {
 	out := slices.Clone(local)
 	for _, v := range stored {
-		name, sha, ok := strings.Cut(string(v), "@")
-		if !ok || slices.ContainsFunc(local, func(i plugins.VersionInfo) bool { return i.Version == v }) {
+		if !plugins.IsVersion(string(v)) || slices.ContainsFunc(local, func(i plugins.VersionInfo) bool { return i.Version == v }) {
 			continue
 		}
-		out = append(out, plugins.VersionInfo{Version: v, Name: name, SHA256: sha})
+		out = append(out, plugins.VersionInfo{Version: v, Name: v.Name(), SHA256: v.SHA256()})
 	}
 	return out
 }

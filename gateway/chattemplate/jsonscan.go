@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvgate/kvgate/gateway/jsonstr"
 )
 
 // jsonScanner parses request JSON straight into jinja values. It accepts exactly what encoding/json
@@ -232,89 +232,12 @@ func (s *jsonScanner) str() (string, error) {
 		}
 		i++
 	}
-	buf := make([]byte, 0, i-start+16)
-	i = start
-	for {
-		if i >= len(d) {
-			s.pos = i
-			return "", s.errorf("unterminated string")
-		}
-		c := d[i]
-		switch {
-		case c == '"':
-			s.pos = i + 1
-			return string(buf), nil
-		case c < 0x20:
-			s.pos = i
-			return "", s.errorf("control character in string")
-		case c == '\\':
-			if i+1 >= len(d) {
-				s.pos = i
-				return "", s.errorf("unterminated escape")
-			}
-			e := d[i+1]
-			i += 2
-			switch e {
-			case '"', '\\', '/':
-				buf = append(buf, e)
-			case 'b':
-				buf = append(buf, '\b')
-			case 'f':
-				buf = append(buf, '\f')
-			case 'n':
-				buf = append(buf, '\n')
-			case 'r':
-				buf = append(buf, '\r')
-			case 't':
-				buf = append(buf, '\t')
-			case 'u':
-				r, ok := hex4(d, i)
-				if !ok {
-					s.pos = i
-					return "", s.errorf("invalid \\u escape")
-				}
-				i += 4
-				if utf16.IsSurrogate(r) {
-					// A high surrogate followed by an escaped low surrogate is one code point;
-					// anything else is U+FFFD, as encoding/json does.
-					if r2, ok := hex4(d, i+2); ok && i+1 < len(d) && d[i] == '\\' && d[i+1] == 'u' {
-						if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-							i += 6
-							buf = utf8.AppendRune(buf, dec)
-							continue
-						}
-					}
-					r = utf8.RuneError
-				}
-				buf = utf8.AppendRune(buf, r)
-			default:
-				s.pos = i - 1
-				return "", s.errorf("invalid escape")
-			}
-		case c < utf8.RuneSelf:
-			buf = append(buf, c)
-			i++
-		default:
-			r, size := utf8.DecodeRune(d[i:])
-			if r == utf8.RuneError && size == 1 {
-				buf = utf8.AppendRune(buf, utf8.RuneError)
-			} else {
-				buf = append(buf, d[i:i+size]...)
-			}
-			i += size
-		}
-	}
-}
-
-func hex4(d []byte, i int) (rune, bool) {
-	if i+4 > len(d) {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(d[i:i+4]), 16, 32)
+	buf, next, err := jsonstr.AppendUnquoted(make([]byte, 0, i-start+16), d, start, true)
+	s.pos = next
 	if err != nil {
-		return 0, false
+		return "", s.errorf("%s", err.(*jsonstr.Error).Msg)
 	}
-	return rune(v), true
+	return string(buf), nil
 }
 
 // skip scans past one JSON value without building it.
@@ -388,7 +311,7 @@ func (s *jsonScanner) skipString() error {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i += 2
 			case 'u':
-				if _, ok := hex4(d, i+2); !ok {
+				if _, ok := jsonstr.Hex4(d, i+2); !ok {
 					s.pos = i
 					return s.errorf("invalid \\u escape")
 				}

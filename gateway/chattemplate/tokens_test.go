@@ -7,11 +7,11 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/tokenizer"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // needModel returns the directory of a reference model fetched by `make models`; a missing model skips the
-// test, or fails it when CI=true (tests/testenv.ModelDir).
+// test, or fails it when CI=true (kvstore/testenv.ModelDir).
 func needModel(t *testing.T, model string) string { t.Helper(); return testenv.ModelDir(t, model) }
 
 // TestRenderTokenIDs encodes every reference render (add_special_tokens=false, as vLLM encodes chat

@@ -256,8 +256,9 @@ type Model struct {
 
 // Policy names a policy and its config.
 type Policy struct {
-	// Name is the policy name: "three-tier" (built in) or an uploaded policy's name; "name@sha256" pins
-	// a version.
+	// Name is the policy name: "three-tier" (built in) or an uploaded policy's name (its only stored
+	// version); "name@" plus at least 8 hex digits of the sha256 (any case) pins a version
+	// (plugins.ResolveVersion).
 	Name string `yaml:"name"`
 	// Config is passed to the policy's init as JSON.
 	Config map[string]any `yaml:"config"`

@@ -74,32 +74,13 @@ models:
 	}
 }
 
-func TestUnknownKeyNamed(t *testing.T) {
-	_, err := Parse([]byte(minimal + "    queue_timeot: 3s\n"))
-	var ce *Error
-	if !errors.As(err, &ce) || ce.Key != "queue_timeot" || ce.Line != 7 {
-		t.Fatalf("err = %v", err)
-	}
-	_, err = Parse([]byte("lisen: \":1\"\n" + minimal))
-	if err == nil || !strings.Contains(err.Error(), "lisen") {
-		t.Fatalf("err = %v", err)
-	}
-}
-
+// TestValidationNamesKeyPath: more cases of testdata/errors (TestConfigErrors), built from minimal.
 func TestValidationNamesKeyPath(t *testing.T) {
 	cases := []struct {
 		name, yaml, key string
 	}{
-		{"engine", strings.Replace(minimal, "engine: vllm", "engine: tgi", 1), "models[0].endpoints[0].engine"},
-		{"url", strings.Replace(minimal, "http://127.0.0.1:8001", "127.0.0.1:8001", 1), "models[0].endpoints[0].url"},
-		{"share", "store_down_limit_share: 1.5\n" + minimal, "store_down_limit_share"},
-		{"redis addrs", "store: {kind: redis}\n" + minimal, "store.addrs"},
-		{"store kind", "store: {kind: etcd}\n" + minimal, "store.kind"},
-		{"no endpoints", "models: [{name: a, tokenizer: x}]\n", "models[0].endpoints"},
-		{"dup id", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4}\n      - {id: e0, engine: vllm, url: \"http://h:1\"}", 1), "models[0].endpoints[1].id"},
 		{"block size", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    block_size: -3", 1), "models[0].block_size"},
 		{"max prompt tokens", strings.Replace(minimal, "tokenizer: examples/models/qwen3", "tokenizer: x\n    max_prompt_tokens: -1", 1), "models[0].max_prompt_tokens"},
-		{"lease", "lease_ttl: 10ms\n" + minimal, "lease_ttl"},
 		{"chat token ids", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, chat_token_ids: messages}", 1), "models[0].endpoints[0].chat_token_ids"},
 		{"verify every", "verify_token_ids_every: -1\n" + minimal, "verify_token_ids_every"},
 		{"sim kinds", "simulate: {engines: 2, engine_kinds: [vllm, tgi]}\n" + minimal, "simulate.engine_kinds[1]"},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 const qwenDir = "../../examples/models/qwen3"
@@ -38,12 +39,7 @@ func setup(t *testing.T, every int) (*Guard, *sim.Engine, *atomic.Bool, *model.M
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	testenv.Eventually(t, 5*time.Second, what, cond)
 }
 
 // One in Every requests sent with token IDs is checked; a sampled mismatch stops token IDs at once and

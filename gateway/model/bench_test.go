@@ -180,7 +180,7 @@ func BenchmarkEncodeChat(b *testing.B) {
 		b.Fatal(err)
 	}
 	var convs []refConversation
-	raw, err := os.ReadFile(filepath.Join("testdata", "conversations.json"))
+	raw, err := os.ReadFile(filepath.Join(chatGoldens, "conversations.json"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -14,14 +14,14 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
-// repoRoot is the directory holding go.mod (tests/testenv.RepoRoot).
+// repoRoot is the directory holding go.mod (kvstore/testenv.RepoRoot).
 func repoRoot(t testing.TB) string { t.Helper(); return testenv.RepoRoot(t) }
 
 // modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); a missing model skips
-// the test, or fails it when CI=true (tests/testenv.ModelDir).
+// the test, or fails it when CI=true (kvstore/testenv.ModelDir).
 func modelDir(t testing.TB, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 var (
@@ -69,6 +69,11 @@ func readIDs(t testing.TB, path string) []idsLine {
 	return out
 }
 
+// chatGoldens is the chat template package's reference data (conversations.json, tools.json and the
+// Python jinja2 renders in renders_py/): read from there, not copied, so the two packages test the same
+// renders. The token IDs HF's tokenizers produced for those renders are this package's testdata/renders.
+const chatGoldens = "../chattemplate/testdata"
+
 // TestRenderIDs encodes the 28 reference chat renders (4 templates x 7 conversations) and compares with
 // the IDs HF's tokenizers produced for them, through the segment cache (twice: cold and cached).
 func TestRenderIDs(t *testing.T) {
@@ -80,7 +85,7 @@ func TestRenderIDs(t *testing.T) {
 				t.Fatalf("%d renders, want 7", len(golden))
 			}
 			for _, g := range golden {
-				b, err := os.ReadFile(filepath.Join("testdata", "renders", m, g.Name+".txt"))
+				b, err := os.ReadFile(filepath.Join(chatGoldens, "renders_py", m, g.Name+".txt"))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -211,7 +216,7 @@ func requestBody(t testing.TB, c refConversation) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `{"model": "m", "messages": %s, "add_generation_prompt": %v`, c.Messages, c.AddGenerationPrompt)
 	if c.Tools {
-		tools, err := os.ReadFile(filepath.Join("testdata", "tools.json"))
+		tools, err := os.ReadFile(filepath.Join(chatGoldens, "tools.json"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,7 +234,7 @@ func requestBody(t testing.TB, c refConversation) []byte {
 // for that render.
 func TestEncodeChatGoldens(t *testing.T) {
 	var convs []refConversation
-	b, err := os.ReadFile(filepath.Join("testdata", "conversations.json"))
+	b, err := os.ReadFile(filepath.Join(chatGoldens, "conversations.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +252,7 @@ func TestEncodeChatGoldens(t *testing.T) {
 				golden[g.Name] = g.IDs
 			}
 			for _, c := range convs {
-				want, err := os.ReadFile(filepath.Join("testdata", "renders", m, c.Name+".txt"))
+				want, err := os.ReadFile(filepath.Join(chatGoldens, "renders_py", m, c.Name+".txt"))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -250,6 +250,7 @@ func rawString(raw string) string {
 // Python's json.loads); "" when absent.
 type fields struct {
 	model, stream, maxTokens, maxCompletion, n, salt string
+	bestOf                                           string // read for completions only (parseCompletions)
 	promptTokenIDs                                   bool
 }
 
@@ -273,7 +274,9 @@ func (f *fields) member(key string, raw []byte) {
 	}
 }
 
-// apply validates the routing fields into r, in the order ParseRequest reports errors.
+// apply validates the routing fields into r, in the order ParseRequest reports errors. It is the one
+// validator of the members every API shares: parseChat, parseCompletions and the Responses and embeddings
+// parsers call it.
 func (f *fields) apply(r *Request) error {
 	if rawType(f.model) != gjson.String || len(f.model) == 2 {
 		return BadRequest("model", "`model` must be a non-empty string.")
@@ -303,7 +306,13 @@ func (f *fields) apply(r *Request) error {
 		}
 		r.N = min(v, MaxNCap)
 	}
-
+	if f.bestOf != "" && rawType(f.bestOf) != gjson.Null {
+		v, ok := tokenCount(f.bestOf)
+		if !ok || v < 1 {
+			return BadRequest("best_of", "`best_of` must be a positive integer.")
+		}
+		r.BestOf = min(v, MaxNCap)
+	}
 	if f.salt != "" && rawType(f.salt) != gjson.Null {
 		if rawType(f.salt) != gjson.String {
 			return BadRequest("cache_salt", "`cache_salt` must be a string.")
@@ -358,12 +367,12 @@ func ParseRequest(api API, body []byte) (*Request, error) {
 	case Embeddings:
 		return parseEmbeddings(body)
 	}
-	return parseGJSON(api, body)
+	return parseCompletions(body)
 }
 
-// parseGJSON is ParseRequest on gjson (a validation pass, then one pass over the top-level members). It
-// serves completions; for chat it is the reference parseChat is fuzzed against.
-func parseGJSON(api API, body []byte) (*Request, error) {
+// parseCompletions is ParseRequest for Completions on gjson: a validation pass, then one pass over the
+// top-level members.
+func parseCompletions(body []byte) (*Request, error) {
 	if !gjson.ValidBytes(body) {
 		return nil, BadRequest("", "Request body is not valid JSON.")
 	}
@@ -371,90 +380,27 @@ func parseGJSON(api API, body []byte) (*Request, error) {
 	if !root.IsObject() {
 		return nil, BadRequest("", "Request body must be a JSON object.")
 	}
-	r := &Request{API: api, MaxTokens: -1, N: 1, Prompts: 1}
-	// One pass over the top-level members (a large body is scanned once, not once per field).
-	var model, stream, maxTokens, maxCompletion, n, salt, msgs, prompt, bestOf gjson.Result
+	r := &Request{API: Completions, MaxTokens: -1, N: 1, Prompts: 1}
+	// One pass over the top-level members (a large body is scanned once, not once per field); the shared
+	// members are validated by fields.apply, as for chat.
+	var f fields
+	var prompt gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
-		case "model":
-			model = v
-		case "stream":
-			stream = v
-		case "max_tokens":
-			maxTokens = v
-		case "max_completion_tokens":
-			maxCompletion = v
-		case "n":
-			n = v
-		case "best_of":
-			bestOf = v
-		case "cache_salt":
-			salt = v
-		case "messages":
-			msgs = v
 		case "prompt":
 			prompt = v
-		case "prompt_token_ids":
-			r.HasPromptTokenIDs = true
+		case "best_of":
+			f.bestOf = v.Raw
+		default:
+			f.member(k.Str, []byte(v.Raw))
 		}
 		return true
 	})
-	if model.Type != gjson.String || model.Str == "" {
-		return nil, BadRequest("model", "`model` must be a non-empty string.")
+	if err := f.apply(r); err != nil {
+		return nil, err
 	}
-	r.Model = model.Str
-	if stream.Exists() && stream.Type != gjson.Null {
-		if stream.Type != gjson.True && stream.Type != gjson.False {
-			return nil, BadRequest("stream", "`stream` must be a boolean.")
-		}
-		r.Stream = stream.Bool()
-	}
-	for _, f := range []struct {
-		k string
-		v gjson.Result
-	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
-		if !f.v.Exists() || f.v.Type == gjson.Null {
-			continue
-		}
-		n, ok := tokenCount(f.v.Raw)
-		if !ok {
-			return nil, BadRequest(f.k, "`%s` must be a non-negative integer.", f.k)
-		}
-		r.MaxTokens = n
-	}
-	if n.Exists() && n.Type != gjson.Null {
-		v, ok := tokenCount(n.Raw)
-		if !ok || v < 1 {
-			return nil, BadRequest("n", "`n` must be a positive integer.")
-		}
-		r.N = min(v, MaxNCap)
-	}
-	if bestOf.Exists() && bestOf.Type != gjson.Null {
-		v, ok := tokenCount(bestOf.Raw)
-		if !ok || v < 1 {
-			return nil, BadRequest("best_of", "`best_of` must be a positive integer.")
-		}
-		r.BestOf = min(v, MaxNCap)
-	}
-	if salt.Exists() && salt.Type != gjson.Null {
-		if salt.Type != gjson.String {
-			return nil, BadRequest("cache_salt", "`cache_salt` must be a string.")
-		}
-		r.CacheSalt = salt.Str
-	}
-	switch api {
-	case Chat:
-		nonEmpty := false
-		if msgs.IsArray() {
-			msgs.ForEach(func(_, _ gjson.Result) bool { nonEmpty = true; return false })
-		}
-		if !nonEmpty {
-			return nil, BadRequest("messages", "`messages` must be a non-empty array.")
-		}
-	case Completions:
-		if err := r.readPrompt(prompt); err != nil {
-			return nil, err
-		}
+	if err := r.readPrompt(prompt); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

@@ -175,7 +175,7 @@ func TestNValues(t *testing.T) {
 // takes (128) is refused at once (gjson accepted it and the render refused it later, also with a 400).
 func checkChatAgainstGJSON(t *testing.T, body []byte, r *Request, err error) {
 	t.Helper()
-	want, werr := parseGJSON(Chat, body)
+	want, werr := referenceParse(Chat, body)
 	if werr == nil && err != nil && strings.Contains(err.Error(), "nested too deeply") {
 		return
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // BenchmarkParseAndEncodeChat is the gateway's per-request text work on BenchmarkOverhead's body (a 7 KB
@@ -27,7 +27,7 @@ func BenchmarkParseAndEncodeChat(b *testing.B) {
 	body := []byte(fmt.Sprintf(`{"model":"qwen3","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, sys.String(), q))
 	b.Run("twice", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := parseGJSON(Chat, body); err != nil {
+			if _, err := referenceParse(Chat, body); err != nil {
 				b.Fatal(err)
 			}
 			if _, _, err := md.EncodeChat(body); err != nil {

@@ -316,21 +316,52 @@ type Plan struct {
 // A failed match (the store down) is no error: the plan is load-only.
 func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, body []byte) (*Plan, error) {
 	p := &Plan{Model: m, LoRA: lora, Request: req, Stages: make(map[string]time.Duration, 8)}
-	t0 := r.o.Now()
-	stage := func(name string, since time.Time) time.Time {
-		now := r.o.Now()
-		d := now.Sub(since)
-		p.Stages[name] = d
-		r.stage[name].Observe(d.Seconds())
-		return now
+	clock := stageClock{r: r, p: p, t: r.o.Now()}
+	if err := r.tokenize(m, req, body, p); err != nil {
+		return nil, err
 	}
-	// 1. tokenize
+	clock.end(metrics.StageTokenize)
+	p.Keys = r.hasher.Keys(p.IDs, m.BlockSize, kvstore.ExtraKeys{LoRA: lora, CacheSalt: req.CacheSalt})
+	clock.end(metrics.StageKeys)
+	ids, err := r.candidates(m, p)
+	if err != nil {
+		return nil, err
+	}
+	// The match and the in-flight leases for the snapshot: on a remote store the two round trips run
+	// concurrently (the in-flight read starts first, in its own goroutine).
+	inflight := r.readInFlight(ctx, ids)
+	r.match(ctx, m, p)
+	clock.end(metrics.StageMatch)
+	r.snapshot(m, lora, p, inflight())
+	clock.end(metrics.StageSnapshot)
+	r.rank(ctx, m, p)
+	clock.end(metrics.StageRank)
+	return p, nil
+}
+
+// stageClock records each stage's duration in Plan.Stages and in the stage histogram.
+type stageClock struct {
+	r *Router
+	p *Plan
+	t time.Time // the end of the previous stage
+}
+
+func (c *stageClock) end(name string) {
+	now := c.r.o.Now()
+	d := now.Sub(c.t)
+	c.p.Stages[name] = d
+	c.r.stage[name].Observe(d.Seconds())
+	c.t = now
+}
+
+// tokenize is stage 1: the prompt's token IDs (p.IDs), the batch's other prompts' tokens (p.BatchTokens),
+// and the prompt-length limit. A request routed on load alone is not tokenized; a Responses request its
+// template cannot render is routed on load (the engine, not the gateway, answers it).
+func (r *Router) tokenize(m *Model, req Request, body []byte, p *Plan) error {
 	switch {
 	case req.LoadOnlyReason != "":
 		// Not tokenized (embeddings, a Responses request mapping onto no chat): no keys, routed on load.
 	case req.Responses:
-		// The chat the Responses request maps onto. A render failure routes it on load: the engine, not the
-		// gateway, answers a request its template cannot take.
 		ce, ok := m.Encoder.(ChatRequestEncoder)
 		if ok && req.ChatRequest != nil {
 			if _, ids, err := ce.EncodeChatRequest(req.ChatRequest); err == nil {
@@ -351,7 +382,7 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 		}
 		if err != nil {
 			if p.TokenIDsSkip = unrenderable(err); p.TokenIDsSkip == "" {
-				return nil, chatError(err)
+				return chatError(err)
 			}
 			ids = nil
 		}
@@ -362,17 +393,18 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 		p.IDs = m.Encoder.EncodeCompletion(req.PromptText)
 	}
 	if err := promptTooLong(m, req, len(p.IDs)); err != nil {
-		return nil, err
+		return err
 	}
 	p.BatchTokens = req.BatchIDTokens
 	for _, txt := range req.BatchTexts {
 		p.BatchTokens = satAdd(p.BatchTokens, int64(len(m.Encoder.EncodeCompletion(txt))))
 	}
-	t := stage(metrics.StageTokenize, t0)
-	// 2. block keys
-	p.Keys = r.hasher.Keys(p.IDs, m.BlockSize, kvstore.ExtraKeys{LoRA: lora, CacheSalt: req.CacheSalt})
-	t = stage(metrics.StageKeys, t)
-	// candidates: healthy endpoints
+	return nil
+}
+
+// candidates fills p.Candidates with the model's healthy endpoints (each rank with its own load, or an
+// even share) and returns their IDs; ErrNoHealthy when there are none.
+func (r *Router) candidates(m *Model, p *Plan) ([]kvstore.EndpointID, error) {
 	current := m.Current()
 	ids := make([]kvstore.EndpointID, 0, len(current))
 	for _, e := range current {
@@ -387,48 +419,51 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 	if len(p.Candidates) == 0 {
 		return nil, fmt.Errorf("route: model %s: %w", m.Name, ErrNoHealthy)
 	}
-	// 3. match, and 4. the in-flight leases for the snapshot. On a remote store the two round trips run
-	// concurrently (the in-flight read starts first, in its own goroutine).
-	type inflightResult struct {
-		m   map[kvstore.EndpointID]kvstore.Cost
-		err error
+	return ids, nil
+}
+
+// readInFlight reads the in-flight leases of ids: at once in its own goroutine on a remote store, when
+// the returned function is called otherwise. The result is nil after an error (the store, not the router,
+// reports it).
+func (r *Router) readInFlight(ctx context.Context, ids []kvstore.EndpointID) func() map[kvstore.EndpointID]kvstore.Cost {
+	read := func() map[kvstore.EndpointID]kvstore.Cost {
+		m, _ := r.o.Reservations.InFlight(ctx, ids)
+		return m
 	}
-	var inflCh chan inflightResult
-	readInflight := func() inflightResult {
-		m, err := r.o.Reservations.InFlight(ctx, ids)
-		return inflightResult{m, err}
+	if !r.remote {
+		return read
 	}
-	if r.remote {
-		inflCh = make(chan inflightResult, 1)
-		go func() { inflCh <- readInflight() }()
-	}
+	ch := make(chan map[kvstore.EndpointID]kvstore.Cost, 1)
+	go func() { ch <- read() }()
+	return func() map[kvstore.EndpointID]kvstore.Cost { return <-ch }
+}
+
+// match is stage 3: each candidate's matched GPU and CPU blocks from the index. Without an index, or when
+// the match fails, the plan is load-only (the store, kvstore.Guarded, reports and handles its own failure).
+func (r *Router) match(ctx context.Context, m *Model, p *Plan) {
 	p.LoadOnly = r.o.Index == nil
-	storeDown := false
-	if !p.LoadOnly && len(p.Keys) > 0 {
-		ms, err := r.o.Index.Match(ctx, m.Name, p.Keys)
-		if err != nil {
-			// The store (kvstore.Guarded) reports and handles its own failure; the request goes on load.
-			p.LoadOnly, storeDown = true, errors.Is(err, kvstore.ErrUnavailable)
-			if !storeDown && ctx.Err() == nil {
-				r.o.Log.Warn("index match failed: routing on load only", slog.String("error", err.Error()))
-			}
+	if p.LoadOnly || len(p.Keys) == 0 {
+		return
+	}
+	ms, err := r.o.Index.Match(ctx, m.Name, p.Keys)
+	if err != nil {
+		p.LoadOnly = true
+		if !errors.Is(err, kvstore.ErrUnavailable) && ctx.Err() == nil {
+			r.o.Log.Warn("index match failed: routing on load only", slog.String("error", err.Error()))
 		}
-		for _, mt := range ms {
-			for i := range p.Candidates {
-				if p.Candidates[i].ID == string(mt.Endpoint) {
-					p.Candidates[i].GPUBlocks, p.Candidates[i].CPUBlocks = mt.GPUBlocks, mt.CPUBlocks
-				}
+	}
+	for _, mt := range ms {
+		for i := range p.Candidates {
+			if p.Candidates[i].ID == string(mt.Endpoint) {
+				p.Candidates[i].GPUBlocks, p.Candidates[i].CPUBlocks = mt.GPUBlocks, mt.CPUBlocks
 			}
 		}
 	}
-	t = stage(metrics.StageMatch, t)
-	var ir inflightResult
-	if inflCh != nil {
-		ir = <-inflCh
-	} else {
-		ir = readInflight()
-	}
-	infl := ir.m // nil after an error: no in-flight counts (the store, not the router, reports it)
+}
+
+// snapshot is stage 4: the policy's view of the request and of each candidate (matches dropped on a
+// load-only plan), with the in-flight counts infl.
+func (r *Router) snapshot(m *Model, lora string, p *Plan, infl map[kvstore.EndpointID]kvstore.Cost) {
 	p.Snapshot = sdk.Snapshot{Request: sdk.Request{
 		Seq: r.seq.Add(1), PromptTokens: uint32(len(p.IDs)), PromptBlocks: uint32(len(p.Keys)),
 		BlockSize: uint32(m.BlockSize), ModelHash: modelHash(m.Name, lora), Seed: rand.Uint64()}}
@@ -445,8 +480,11 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 			InFlightRequests: uint32(max(c.InFlight.Requests, 0)), InFlightTokens: uint64(max(c.InFlight.Tokens, 0)),
 			KVCacheUtilization: float32(c.Load.KVCacheUsage)}
 	}
-	t = stage(metrics.StageSnapshot, t)
-	// 5. rank
+}
+
+// rank is stage 5: the policy's ranking, or the native three-tier one on a load-only plan (counted as a
+// store_down fallback when there is an index) or without a ranker.
+func (r *Router) rank(ctx context.Context, m *Model, p *Plan) {
 	if p.LoadOnly || r.o.Ranker == nil {
 		out, _ := threetier.New(r.o.NativeConfig).Rank(&p.Snapshot, make([]uint32, 0, len(p.Candidates)))
 		p.Ranking = make([]int, len(out))
@@ -459,14 +497,12 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 			r.loadOnlyN.Add(1)
 			r.o.Metrics.LoadOnlyRoutes.WithLabelValues(m.Name).Inc()
 		}
-	} else {
-		p.Ranking, p.Info = r.o.Ranker.Rank(ctx, m.Name, &p.Snapshot)
-		if p.Info.Fallback != "" {
-			r.o.Metrics.PolicyFallbacks.WithLabelValues(m.Name, p.Info.Fallback).Inc()
-		}
+		return
 	}
-	stage(metrics.StageRank, t)
-	return p, nil
+	p.Ranking, p.Info = r.o.Ranker.Rank(ctx, m.Name, &p.Snapshot)
+	if p.Info.Fallback != "" {
+		r.o.Metrics.PolicyFallbacks.WithLabelValues(m.Name, p.Info.Fallback).Inc()
+	}
 }
 
 func u32(f float64) uint32 {

@@ -14,17 +14,17 @@ import (
 
 	"golang.org/x/text/unicode/norm"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // referenceModels are the five models whose goldens live in testdata/goldens.
 var referenceModels = []string{"qwen3", "llama3_1", "deepseek_v3", "gemma3", "llama2"}
 
-// repoRoot is the directory holding go.mod (tests/testenv.RepoRoot).
+// repoRoot is the directory holding go.mod (kvstore/testenv.RepoRoot).
 func repoRoot(t testing.TB) string { t.Helper(); return testenv.RepoRoot(t) }
 
 // modelDir locates a reference model ($KVGATE_MODELS_DIR or <repo>/.cache/models); a missing model skips
-// the test, or fails it when CI=true (tests/testenv.ModelDir).
+// the test, or fails it when CI=true (kvstore/testenv.ModelDir).
 func modelDir(t testing.TB, m string) string { t.Helper(); return testenv.ModelDir(t, m) }
 
 var (
@@ -69,7 +69,7 @@ type goldenCase struct {
 	SHA256       string `json:"sha256"`
 }
 
-// readJSONL decodes a JSON-lines golden file (tests/testenv.ReadJSONL).
+// readJSONL decodes a JSON-lines golden file (kvstore/testenv.ReadJSONL).
 func readJSONL[T any](t testing.TB, path string) []T {
 	t.Helper()
 	return testenv.ReadJSONL[T](t, path)

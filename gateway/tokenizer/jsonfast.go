@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/gateway/jsonstr"
 )
 
 // This file holds a small hand-written reader for the two big members of tokenizer.json, model.vocab (an
@@ -99,78 +99,15 @@ func (r *jsonReader) strBytes() ([]byte, error) {
 	return []byte(s), err
 }
 
-// strSlow decodes a string holding escapes, starting from its first content byte.
+// strSlow decodes a string holding escapes, starting from its first content byte (gateway/jsonstr; bytes
+// that are not UTF-8 are kept as they are).
 func (r *jsonReader) strSlow(start int) (string, error) {
-	out := append([]byte(nil), r.buf[start:r.pos]...)
-	for r.pos < len(r.buf) {
-		c := r.buf[r.pos]
-		switch {
-		case c == '"':
-			r.pos++
-			return string(out), nil
-		case c == '\\':
-			if r.pos+1 >= len(r.buf) {
-				return "", r.fail("bad escape")
-			}
-			e := r.buf[r.pos+1]
-			r.pos += 2
-			switch e {
-			case '"', '\\', '/':
-				out = append(out, e)
-			case 'b':
-				out = append(out, '\b')
-			case 'f':
-				out = append(out, '\f')
-			case 'n':
-				out = append(out, '\n')
-			case 'r':
-				out = append(out, '\r')
-			case 't':
-				out = append(out, '\t')
-			case 'u':
-				r1, ok := r.hex4()
-				if !ok {
-					return "", r.fail("bad \\u escape")
-				}
-				if utf16.IsSurrogate(r1) {
-					if r.pos+1 < len(r.buf) && r.buf[r.pos] == '\\' && r.buf[r.pos+1] == 'u' {
-						save := r.pos
-						r.pos += 2
-						r2, ok := r.hex4()
-						if ok {
-							if d := utf16.DecodeRune(r1, r2); d != utf8.RuneError {
-								out = utf8.AppendRune(out, d)
-								continue
-							}
-						}
-						r.pos = save
-					}
-					r1 = utf8.RuneError
-				}
-				out = utf8.AppendRune(out, r1)
-			default:
-				return "", r.fail("bad escape")
-			}
-		case c < 0x20:
-			return "", r.fail("control character in string")
-		default:
-			out = append(out, c)
-			r.pos++
-		}
-	}
-	return "", r.fail("unterminated string")
-}
-
-func (r *jsonReader) hex4() (rune, bool) {
-	if r.pos+4 > len(r.buf) {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(r.buf[r.pos:r.pos+4]), 16, 32)
+	out, next, err := jsonstr.AppendUnquoted(nil, r.buf, start, false)
+	r.pos = next
 	if err != nil {
-		return 0, false
+		return "", r.fail(err.(*jsonstr.Error).Msg)
 	}
-	r.pos += 4
-	return rune(v), true
+	return string(out), nil
 }
 
 // uint reads a non-negative integer that fits in uint32.
@@ -280,15 +217,6 @@ func parseMerges(raw []byte, fn func(a, b []byte) error) error {
 	}
 }
 
-func indexByte(s string, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
-	}
-	return -1
-}
-
 // skipValue moves past one JSON value without decoding it (strings are scanned for their closing quote
 // with bytes.IndexByte, containers by depth); full validation is left to the decoders of the values that
 // are used.
@@ -344,13 +272,6 @@ func (r *jsonReader) skipValue() error {
 		}
 	}
 	return r.fail("unexpected end of input")
-}
-
-// objectMembers splits a JSON object into its members' raw values (later duplicates win, as with
-// encoding/json).
-func objectMembers(raw []byte) (map[string][]byte, error) {
-	r := &jsonReader{buf: raw}
-	return r.members()
 }
 
 // members reads the object at the reader's position into its members' raw values.

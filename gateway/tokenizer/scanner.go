@@ -10,7 +10,7 @@ import (
 //	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxDigits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //
 // with the leftmost-first alternation and backtracking semantics of the Oniguruma engine HF uses. It is
-// about 2.5x faster than dlclark/regexp2 on the same pattern (FINDINGS.md) and the goldens pin it.
+// about 2.5x faster than dlclark/regexp2 on the same pattern (measured when it was written) and the goldens pin it.
 type gptScanner struct {
 	maxDigits int // 1 for Qwen, 3 for Llama-3
 }
@@ -123,27 +123,7 @@ func (g *gptScanner) next(s string, i int) int {
 		return j
 	}
 	// Whitespace run: \s*[\r\n]+ | \s+(?!\S) | \s+
-	j = i
-	lastNL, n, lastW := -1, 0, 0
-	for j < len(s) {
-		c2, w2 := at(s, j)
-		if c2 != cSpace && c2 != cNL {
-			break
-		}
-		if c2 == cNL {
-			lastNL = j
-		}
-		n++
-		lastW = w2
-		j += w2
-	}
-	switch {
-	case lastNL >= 0:
-		return lastNL + 1
-	case j == len(s) || n == 1:
-		return j
-	}
-	return j - lastW
+	return spaceRun(s, i, at, cSpace, cNL)
 }
 
 // letters returns the end of the run of letters starting at s[j].

@@ -179,27 +179,7 @@ func (deepseekScanner) word(s string, i int, c uint8, w int) int {
 		return -1
 	}
 	// \s*[\r\n]+ | \s+(?!\S) | \s+
-	j = i
-	lastNL, n, lastW := -1, 0, 0
-	for j < len(s) {
-		c2, w2 := dat(s, j)
-		if c2 != dSpace && c2 != dNL {
-			break
-		}
-		if c2 == dNL {
-			lastNL = j
-		}
-		n++
-		lastW = w2
-		j += w2
-	}
-	switch {
-	case lastNL >= 0:
-		return lastNL + 1
-	case j == len(s) || n == 1:
-		return j
-	}
-	return j - lastW
+	return spaceRun(s, i, dat, dSpace, dNL)
 }
 
 // lmRun returns the end of the run of letters and marks starting at s[j].

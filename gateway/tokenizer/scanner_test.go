@@ -42,7 +42,7 @@ func scannerTexts(t *testing.T) []string {
 }
 
 // TestScannersMatchRegexp2 checks the hand-written scanners piece by piece against dlclark/regexp2 running
-// the same patterns (exact per FINDINGS.md; the goldens pin both to HF).
+// the same patterns (the goldens pin both to HF).
 func TestScannersMatchRegexp2(t *testing.T) {
 	mustRe := func(p string) *splitPre {
 		re, err := compileRegex(p, "test")

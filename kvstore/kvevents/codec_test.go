@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// golden mirrors the parts of testdata/golden.json (copied from ref/kv-events, produced by gen_golden.py
+// golden mirrors the parts of testdata/golden.json (the reference kv-events goldens, produced by a Python generator
 // with msgpack-python and cross-checked against msgspec) that the codec tests use.
 type golden struct {
 	HashVectors struct {
@@ -78,7 +78,7 @@ func loadPayloads(t testing.TB) map[string][]byte {
 
 func ptr[T any](v T) *T { return &v }
 
-// expectedBatch builds, from golden.json's inputs, the batch gen_golden.py encoded under name.
+// expectedBatch builds, from golden.json's inputs, the batch the reference generator encoded under name.
 func expectedBatch(t testing.TB, g golden, name string) (EventBatch, Layout, HashForm) {
 	t.Helper()
 	parts := strings.Split(name, "/")

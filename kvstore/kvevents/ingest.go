@@ -446,7 +446,7 @@ func (in *Ingester) run(ctx context.Context) {
 		sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second))
 		if err := in.dial(sub); err != nil {
 			_ = sub.Close()
-			in.log.DebugContext(ctx, "kv events dial failed", slog.String("addr", in.cfg.EventsAddr), slog.Any("err", err))
+			in.log.DebugContext(ctx, "kv events dial failed", slog.String("addr", in.cfg.EventsAddr), slog.Any("error", err))
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):
@@ -458,7 +458,7 @@ func (in *Ingester) run(ctx context.Context) {
 		}
 		if err := sub.SetOption(zmq4.OptionSubscribe, in.cfg.Topic); err != nil {
 			_ = sub.Close()
-			in.log.ErrorContext(ctx, "kv events subscribe failed", slog.Any("err", err))
+			in.log.ErrorContext(ctx, "kv events subscribe failed", slog.Any("error", err))
 			return
 		}
 		backoff = in.cfg.BackoffMin
@@ -479,7 +479,7 @@ func (in *Ingester) run(ctx context.Context) {
 			}
 		}
 		if err := in.receive(ctx, sub.Recv); ctx.Err() == nil && !in.isFenced() {
-			in.log.InfoContext(ctx, "kv events connection lost", slog.Any("err", err))
+			in.log.InfoContext(ctx, "kv events connection lost", slog.Any("error", err))
 		}
 		_ = sub.Close()
 		in.bump(func(s *Stats) { s.Connected = false })
@@ -701,7 +701,7 @@ func (in *Ingester) replay(ctx context.Context, from, upto uint64, catchUp bool)
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(in.cfg.ReplayTimeout))
 	defer d.Close()
 	fail := func(err error) {
-		in.log.WarnContext(ctx, "kv events replay failed", slog.String("addr", in.cfg.ReplayAddr), slog.Any("err", err),
+		in.log.WarnContext(ctx, "kv events replay failed", slog.String("addr", in.cfg.ReplayAddr), slog.Any("error", err),
 			slog.Float64("timeout_seconds", timeout.Seconds()))
 	}
 	if err := d.Dial(in.cfg.ReplayAddr); err != nil {
@@ -846,13 +846,13 @@ func (in *Ingester) wrote(ctx context.Context, op string, err error) bool {
 		if !in.fenced {
 			in.fenced = true
 			in.log.ErrorContext(ctx, "kv events ingestion fenced off: another ingester holds the endpoint now; stopping",
-				slog.String("op", op), slog.Any("err", err))
+				slog.String("op", op), slog.Any("error", err))
 			in.bump(func(s *Stats) { s.Fenced = true })
 		}
 		return false
 	}
 	if in.writeErr == nil {
-		in.log.WarnContext(ctx, "kv events index write failed; the endpoint will be resynced", slog.String("op", op), slog.Any("err", err))
+		in.log.WarnContext(ctx, "kv events index write failed; the endpoint will be resynced", slog.String("op", op), slog.Any("error", err))
 		in.writeErr = err
 		in.resyncWait = max(in.cfg.BackoffMin, time.Second)
 		in.resyncAt = in.cfg.Now().Add(in.resyncWait)
@@ -964,7 +964,7 @@ func (in *Ingester) resync(ctx context.Context) {
 		}
 		in.resyncWait = min(2*in.resyncWait, in.cfg.BackoffMax)
 		in.resyncAt = in.cfg.Now().Add(in.resyncWait)
-		in.log.DebugContext(ctx, "kv events resync failed", slog.String("op", op), slog.Any("err", err))
+		in.log.DebugContext(ctx, "kv events resync failed", slog.String("op", op), slog.Any("error", err))
 		return
 	}
 	in.log.InfoContext(ctx, "kv events endpoint resynced after a failed index write", slog.Any("cause", in.writeErr),
@@ -989,7 +989,7 @@ func (in *Ingester) apply(ctx context.Context, seq uint64, payload []byte) bool 
 	b, err := decodeInto(payload, &in.arena) // the batch is not kept past this call
 	if err != nil {
 		in.acc.decodeErrors++
-		in.log.WarnContext(ctx, "kv events batch undecodable", slog.Uint64("seq", seq), slog.Any("err", err))
+		in.log.WarnContext(ctx, "kv events batch undecodable", slog.Uint64("seq", seq), slog.Any("error", err))
 		return false
 	}
 	for _, ev := range b.Events {

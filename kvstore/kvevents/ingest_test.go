@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/cmd/enginesim/vllmhash"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
-	"github.com/kvgate/kvgate/kvstore/vllmhash"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // pypub drives testdata/pypub.py, a pyzmq (libzmq) publisher with vLLM's frames and replay ROUTER.

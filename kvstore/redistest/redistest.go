@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a single server on a free loopback port
 // (Start) and a Redis Cluster of N masters (StartCluster). Servers run with persistence off and are killed
 // when the test ends. When redis-server is not on PATH the test is skipped, or fails when the environment
-// variable CI is "true" (the rule of tests/testenv.Command).
+// variable CI is "true" (the rule of kvstore/testenv.Command).
 package redistest
 
 import (
@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // Server is one redis-server process on 127.0.0.1.
@@ -33,21 +35,6 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
-}
-
-// redisBinary returns the path of name on PATH. When it is missing the test is skipped, or fails when the
-// environment variable CI is "true" (.ci/run sets it after installing redis-server): the same rule as
-// tests/testenv.Command, kept here so that this public helper does not import tests/.
-func redisBinary(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redistest: %s not found on PATH: %v (required when CI=true)", name, err)
-		}
-		t.Skipf("redistest: %s not found on PATH: %v", name, err)
-	}
-	return p
 }
 
 func freePort(t testing.TB) int {
@@ -75,7 +62,7 @@ func StartArgs(t testing.TB, extra ...string) *Server {
 
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
-	bin := redisBinary(t, "redis-server")
+	bin := testenv.Command(t, "redis-server")
 	dir := t.TempDir()
 	var lastErr error
 	for range 5 { // the free port may be taken between probing and binding
@@ -83,10 +70,7 @@ func start(t testing.TB, extra []string) *Server {
 		s := &Server{
 			Addr: "127.0.0.1:" + strconv.Itoa(port),
 			t:    t, bin: bin, dir: dir,
-			args: append([]string{
-				"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-				"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
-			}, extra...),
+			args: ServerArgs(port, dir, extra...),
 		}
 		if lastErr = s.launch(); lastErr == nil {
 			t.Cleanup(s.stop)
@@ -111,28 +95,53 @@ func (s *Server) launch() error {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			s.mu.Lock()
-			s.cmd, s.done = cmd, done
-			s.mu.Unlock()
-			return nil
-		}
+	exited := func() (bool, string) {
 		select {
 		case <-done:
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			return fmt.Errorf("redis-server exited: %s", strings.TrimSpace(string(log)))
+			return true, strings.TrimSpace(string(log))
 		default:
+			return false, ""
 		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("redis-server on %s not answering: %v", s.Addr, err)
+	}
+	if err := WaitReady(context.Background(), s.Addr, exited); err != nil {
+		_ = cmd.Process.Kill()
+		return err
+	}
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	return nil
+}
+
+// ServerArgs is the redis-server command line of every server this repository starts (these tests' and
+// cmd/kvgate-bench's): port on 127.0.0.1, persistence off, working directory dir, in the foreground, log
+// level warning, then extra.
+func ServerArgs(port int, dir string, extra ...string) []string {
+	return append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
+	}, extra...)
+}
+
+// WaitReady waits up to 10 s (or until ctx ends) for the server at addr to answer PING. exited reports
+// whether the process has ended, with its log for the error; the error says which happened.
+func WaitReady(ctx context.Context, addr string, exited func() (bool, string)) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := c.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if done, log := exited(); done {
+			return fmt.Errorf("redis-server exited: %s", log)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("redis-server on %s not answering: %v", addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -211,7 +220,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	if n < 3 {
 		t.Fatalf("redistest: a Redis Cluster needs at least 3 masters, got %d", n)
 	}
-	cli := redisBinary(t, "redis-cli")
+	cli := testenv.Command(t, "redis-cli")
 	c := &Cluster{}
 	for range n {
 		s := start(t, []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes-" + strconv.Itoa(len(c.Servers)) + ".conf", "--cluster-node-timeout", "5000"})

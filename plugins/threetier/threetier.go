@@ -1,4 +1,4 @@
-// Package threetier is kvgate's default routing policy (DESIGN.md, "The default policy: three-tier"),
+// Package threetier is kvgate's default routing policy, the three-tier ranking,
 // written once against the SDK types: the host calls it natively as the fallback ranking and the embedded
 // Wasm module (plugins/builtin/threetier) registers the same code with sdk.Register, so both rank every
 // snapshot identically.

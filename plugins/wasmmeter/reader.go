@@ -113,12 +113,6 @@ func (r *reader) limits() {
 	}
 }
 
-// tableType reads a reference type and limits.
-func (r *reader) tableType() {
-	r.refType()
-	r.limits()
-}
-
 // refType reads a table's reference type: funcref or externref.
 func (r *reader) refType() { r.typeByte("table reference type", 0x70, 0x6f) }
 

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvstore/testenv"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
 )
@@ -133,13 +134,7 @@ func Build(t testing.TB, pkg string) []byte {
 	if b, ok := buildCache[abs]; ok {
 		return b
 	}
-	goBin, err := exec.LookPath("go") // skips without go on PATH; fails when CI=true
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("sdktest: go not found on PATH: %v (required when CI=true)", err)
-		}
-		t.Skipf("sdktest: go not found on PATH: %v", err)
-	}
+	goBin := testenv.Command(t, "go") // skips without go on PATH; fails when CI=true
 	out := filepath.Join(t.TempDir(), "policy.wasm")
 	cmd := exec.Command(goBin, "build", "-trimpath", "-buildvcs=false", "-buildmode=c-shared", "-o", out, ".")
 	cmd.Dir = abs

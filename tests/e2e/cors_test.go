@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // corsPage calls the gateway from a page: a JSON POST with an Authorization header is not a "simple"

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // syncBuf is a bytes.Buffer safe for the process's writers and the test's reads.

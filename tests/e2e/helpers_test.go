@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
 	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 const model = harness.DefaultModel
@@ -131,16 +132,5 @@ func engineSums(t *testing.T, engines []*harness.Engine, name string, match ...s
 	return out
 }
 
-// waitFor polls cond every 25 ms for up to d and reports whether it became true.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
+// waitFor is testenv.WaitFor (polls cond up to d).
+var waitFor = testenv.WaitFor

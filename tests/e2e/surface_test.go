@@ -20,7 +20,7 @@ import (
 	"github.com/openai/openai-go/responses"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // tokenizeGolden is testdata/tokenize_golden.json (IDs from HF tokenizers, the render from HF's Jinja).

@@ -11,7 +11,7 @@ import (
 )
 
 // Engine dialects (Config.API, --api): which chat field carries pre-tokenized prompts and how /tokenize is
-// served. Shapes are quoted, with their source files and commits, in testdata/dialects.md.
+// served. Each constant names the engine source file (and PR) its shapes come from.
 const (
 	// APIVLLM is vLLM: chat honours kv_transfer_params.prompt_token_ids (vLLM's
 	// vllm/renderers/online_renderer.py _reused_prompt_token_ids, #48145) and a top-level prompt_token_ids
@@ -133,19 +133,15 @@ func driftPrompt(p string) string {
 // strings: one token list each; add_special_tokens default true) and "messages" (a chat body rendered with
 // the chat template, tools included). Answer: {"tokens","count","max_model_len"}.
 func (e *Engine) handleTokenizeSGLang(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
 	var req struct {
 		Model            string          `json:"model"`
 		Prompt           json.RawMessage `json:"prompt"`
 		Messages         json.RawMessage `json:"messages"`
 		AddSpecialTokens *bool           `json:"add_special_tokens"`
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeErr(w, badRequest("invalid JSON body: %v", err))
+	body, err := readJSONBody(r, &req)
+	if err != nil {
+		writeErr(w, err)
 		return
 	}
 	if req.Model != "" && req.Model != "default" {

@@ -12,7 +12,7 @@
 //     files. Every request generates exactly max_tokens tokens (default Config.DefaultMaxTokens) of a fixed
 //     English sentence, finish_reason "length".
 //   - A paged KV cache: Config.NumGPUBlocks blocks of Config.BlockSize tokens, prefix lookup by vLLM's
-//     sha256_cbor block hashes (kvstore/vllmhash, rooted at Config.HashSeed, LoRA name and cache_salt
+//     sha256_cbor block hashes (cmd/enginesim/vllmhash, rooted at Config.HashSeed, LoRA name and cache_salt
 //     folded in), LRU eviction of unreferenced blocks from GPU to an optional CPU tier
 //     (Config.NumCPUBlocks) and from there out; blocks of running requests are pinned.
 //   - A scheduler stepping like vLLM's: at most Config.MaxNumSeqs running requests (FCFS waiting queue), a

@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/tests/testenv"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
-// goldenPayloads reads testdata/payloads.hex.txt (copied from the reference kv-events goldens).
+// goldenPayloads reads the kv-events reference payloads in kvstore/kvevents/testdata/payloads.hex.txt.
 func goldenPayloads(t *testing.T) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile("testdata/payloads.hex.txt")
+	b, err := os.ReadFile("../../../kvstore/kvevents/testdata/payloads.hex.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ type goldenJSON struct {
 
 func goldenHashes(t *testing.T) goldenJSON {
 	t.Helper()
-	b, err := os.ReadFile("testdata/golden.json")
+	b, err := os.ReadFile("../../../kvstore/kvevents/testdata/golden.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,8 @@
 package sim
 
 import (
+	"github.com/kvgate/kvgate/cmd/enginesim/vllmhash"
 	"github.com/kvgate/kvgate/kvstore"
-	"github.com/kvgate/kvgate/kvstore/vllmhash"
 )
 
 // blockHasher computes the engine block hashes of a prompt's full blocks, as the simulated vLLM would with
@@ -11,7 +11,7 @@ type blockHasher struct {
 	h vllmhash.Hasher
 }
 
-// newBlockHasher returns the sha256_cbor hasher rooted at PYTHONHASHSEED=seed (kvstore/vllmhash).
+// newBlockHasher returns the sha256_cbor hasher rooted at PYTHONHASHSEED=seed (cmd/enginesim/vllmhash).
 func newBlockHasher(seed string) (blockHasher, error) {
 	return blockHasher{h: vllmhash.New(seed)}, nil
 }

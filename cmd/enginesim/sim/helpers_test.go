@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // qwen3Dir is the repository's Qwen3 demo tokenizer (tokenizer.json.gz + tokenizer_config.json).
@@ -94,16 +96,10 @@ func metric(t testing.TB, e *Engine, sample string) float64 {
 	return -1
 }
 
-// waitFor polls cond until it holds or 10 s pass.
+// waitFor ends t when cond does not hold within 10 s (testenv.Eventually).
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }
 
 // sseEvents splits an SSE body into its data payloads ("[DONE]" included).

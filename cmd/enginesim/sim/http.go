@@ -92,14 +92,20 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // readJSON reads the request body (readBody) and decodes it into v; errors are a 400 RequestError.
 func readJSON(r *http.Request, v any) error {
+	_, err := readJSONBody(r, v)
+	return err
+}
+
+// readJSONBody is readJSON for handlers that also keep the raw body (to render it, or to record it).
+func readJSONBody(r *http.Request, v any) ([]byte, error) {
 	body, err := readBody(r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return badRequest("invalid JSON body: %v", err)
+		return nil, badRequest("invalid JSON body: %v", err)
 	}
-	return nil
+	return body, nil
 }
 
 // resolveModel maps a request's model (and optional "lora" field) to the served name it answers as and
@@ -346,14 +352,9 @@ func (e *Engine) parsePromptsCounted(raw json.RawMessage) (_ [][]uint32, texts i
 }
 
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		e.reject(w, err)
-		return
-	}
 	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		e.reject(w, badRequest("invalid JSON body: %v", err))
+	if err := readJSON(r, &req); err != nil {
+		e.reject(w, err)
 		return
 	}
 	s, ok := e.preamble(w, r, &req.commonRequest, nil)
@@ -731,18 +732,14 @@ func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
 // handleTokenize answers vLLM's POST /tokenize: {"prompt": text} (special tokens added) or a chat body
 // {"messages": [...]} (rendered with the chat template).
 func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
 	var req struct {
 		Model    string          `json:"model"`
 		Prompt   *string         `json:"prompt"`
 		Messages json.RawMessage `json:"messages"`
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeErr(w, badRequest("invalid JSON body: %v", err))
+	body, err := readJSONBody(r, &req)
+	if err != nil {
+		writeErr(w, err)
 		return
 	}
 	if _, _, err := e.resolveModel(req.Model, ""); err != nil {

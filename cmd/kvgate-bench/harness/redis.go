@@ -3,15 +3,16 @@ package harness
 import (
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"time"
+
+	"github.com/kvgate/kvgate/kvstore/redistest"
 )
 
-// Redis is a redis-server process started by StartRedis (tests use kvstore/redistest instead, which also
-// restarts it; this one serves cmd/kvgate-bench, which has no testing.TB).
+// Redis is a redis-server process started by StartRedis: kvstore/redistest's command line and readiness
+// wait (ServerArgs, WaitReady) in a harness Proc, whose CPU time the benchmark reads (tests use
+// kvstore/redistest.Start, which also restarts it; cmd/kvgate-bench has no testing.TB).
 type Redis struct {
 	*Proc
 	// Addr is 127.0.0.1:port.
@@ -19,7 +20,7 @@ type Redis struct {
 }
 
 // StartRedis starts redis-server (from PATH) on a free loopback port with persistence off, logging to
-// dir/redis.log, and waits until the port accepts connections.
+// dir/redis.log, and waits until it answers PING.
 func StartRedis(ctx context.Context, dir string) (*Redis, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -29,26 +30,18 @@ func StartRedis(ctx context.Context, dir string) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := StartProc("redis", filepath.Join(dir, "redis.log"), bin, []string{"--port", strconv.Itoa(port),
-		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning"}, nil)
+	p, err := StartProc("redis", filepath.Join(dir, "redis.log"), bin, redistest.ServerArgs(port, dir), nil)
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return &Redis{Proc: p, Addr: addr}, nil
-		}
-		if done, werr := p.Exited(); done {
-			return nil, fmt.Errorf("harness: redis-server exited (%v):\n%s", werr, p.Tail(10))
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			p.Kill()
-			return nil, fmt.Errorf("harness: redis-server on %s not accepting: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	exited := func() (bool, string) {
+		done, werr := p.Exited()
+		return done, fmt.Sprintf("(%v)\n%s", werr, p.Tail(10))
 	}
+	if err := redistest.WaitReady(ctx, addr, exited); err != nil {
+		p.Kill()
+		return nil, fmt.Errorf("harness: %w", err)
+	}
+	return &Redis{Proc: p, Addr: addr}, nil
 }

@@ -1,5 +1,5 @@
 // Command dynamo-cost is an example kvgate routing policy reproducing NVIDIA Dynamo's KV router cost
-// function (router-concepts.md) with temperature 0 (argmin):
+// function (Dynamo's router documentation) with temperature 0 (argmin):
 //
 //	cost = prefill_load_scale · max(active_prefill + prompt_blocks − overlap_credit, 0) + active_decode + new_blocks
 //
@@ -12,10 +12,8 @@
 package main
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
 )
 
 // Config holds the cost parameters (JSON keys in parentheses).
@@ -26,16 +24,10 @@ type Config struct {
 	Temperature      float64 // temperature, must be 0
 }
 
-type item struct {
-	cost float64
-	key  uint64
-	idx  uint32
-}
-
 // Policy is the Dynamo cost-function policy.
 type Policy struct {
-	cfg   Config
-	items []item
+	cfg  Config
+	rank rank.Ranker
 }
 
 // Init reads the config over the defaults.
@@ -49,35 +41,22 @@ func (p *Policy) Init(config []byte) error {
 	)
 }
 
-// order ranks lower cost first, then the tie key, then the index.
-func order(a, b item) int {
-	return cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
-}
-
 // Choose ranks the healthy endpoints by cost.
 func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 	c := &p.cfg
 	req := &s.Request
 	blocks := float64(req.PromptBlocks)
-	p.items = p.items[:0]
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.Healthy() {
-			continue
-		}
+	p.rank.Reset()
+	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 {
 		var prefill float64
 		if req.BlockSize > 0 {
 			prefill = float64(e.InFlightTokens / uint64(req.BlockSize))
 		}
 		credit := float64(c.GPUCredit*float64(e.GPUBlocks)) + float64(c.CPUCredit*float64(e.CPUBlocks))
 		matched := min(float64(uint64(e.GPUBlocks)+uint64(e.CPUBlocks)), blocks)
-		cost := float64(c.PrefillLoadScale*max(prefill+blocks-credit, 0)) + float64(e.Running) + (blocks - matched)
-		p.items = append(p.items, item{cost: cost, key: sdk.TieKey(req.Seed, e.Index), idx: e.Index})
-	}
-	slices.SortFunc(p.items, order)
-	for _, it := range p.items {
-		r.Add(it.idx)
-	}
+		return float64(c.PrefillLoadScale*max(prefill+blocks-credit, 0)) + float64(e.Running) + (blocks - matched)
+	})
+	p.rank.Rank(r)
 	return nil
 }
 

@@ -14,7 +14,7 @@ func ep(gpu, cpu, running uint32, inflightTokens uint64) sdk.Endpoint {
 func TestDynamoCost(t *testing.T) {
 	req := sdk.Request{PromptTokens: 256, PromptBlocks: 16, BlockSize: 16, Seed: 42}
 	sdktest.Run(t, func() sdk.Policy { return &Policy{} }, ".", []sdktest.Case{
-		// anchors.md §4 #3's fleet: running [100,0,0], prefix (16 GPU blocks) on idle endpoint 2.
+		// the fleet of vllm-project/router PR #238: running [100,0,0], prefix (16 GPU blocks) on idle endpoint 2.
 		// Costs: 0: 16 + 100 + 16 = 132; 1: 16 + 0 + 16 = 32; 2: max(16 − 16, 0) + 0 + 0 = 0 → [2,1,0].
 		{Name: "hot-endpoint-idle-owner", Snapshot: sdk.Snapshot{Request: req,
 			Endpoints: []sdk.Endpoint{ep(0, 0, 100, 0), ep(0, 0, 0, 0), ep(16, 0, 0, 0)}}, Want: []uint32{2, 1, 0}},
@@ -25,7 +25,7 @@ func TestDynamoCost(t *testing.T) {
 		{Name: "longer-gpu-beats-cpu", Snapshot: sdk.Snapshot{Request: req,
 			Endpoints: []sdk.Endpoint{ep(0, 16, 0, 0), ep(15, 0, 0, 0)}}, Want: []uint32{1, 0}},
 		// Active prefill: 640 in-flight tokens = 40 blocks on the prefix holder: 40 + 16 − 16 = 40
-		// against an idle miss 16 + 16 = 32 → [1,0] (anchors.md §4 #2: load must count).
+		// against an idle miss 16 + 16 = 32 → [1,0] (vllm-project/router#179: load must count).
 		{Name: "prefill-load-counts", Snapshot: sdk.Snapshot{Request: req,
 			Endpoints: []sdk.Endpoint{ep(16, 0, 0, 640), ep(0, 0, 0, 0)}}, Want: []uint32{1, 0}},
 		{Name: "empty-prompt-by-decode", Snapshot: sdk.Snapshot{Request: sdk.Request{BlockSize: 16, Seed: 42},

@@ -4,42 +4,21 @@
 package main
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
 )
-
-type item struct {
-	load, key uint64
-	idx       uint32
-}
 
 // Policy is the least-loaded policy. It takes no config.
 type Policy struct {
 	sdk.BasePolicy
-	items []item
+	rank rank.Ranker
 }
 
-// order ranks lower load first, then the tie key, then the index.
-func order(a, b item) int {
-	return cmp.Or(cmp.Compare(a.load, b.load), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
-}
-
-// Choose ranks the healthy endpoints by load, then tie key.
+// Choose ranks the healthy endpoints by load (sdk.Load), then tie key.
 func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
-	p.items = p.items[:0]
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if e.Healthy() {
-			p.items = append(p.items, item{load: uint64(e.Waiting) + uint64(e.InFlightRequests),
-				key: sdk.TieKey(s.Request.Seed, e.Index), idx: e.Index})
-		}
-	}
-	slices.SortFunc(p.items, order)
-	for _, it := range p.items {
-		r.Add(it.idx)
-	}
+	p.rank.Reset()
+	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 { return float64(rank.Load(e)) })
+	p.rank.Rank(r)
 	return nil
 }
 

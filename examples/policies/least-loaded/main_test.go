@@ -14,7 +14,7 @@ func ep(gpu, waiting, inflight uint32) sdk.Endpoint {
 func TestLeastLoaded(t *testing.T) {
 	req := sdk.Request{PromptTokens: 256, PromptBlocks: 16, BlockSize: 16, Seed: 42}
 	sdktest.Run(t, func() sdk.Policy { return &Policy{} }, ".", []sdktest.Case{
-		// anchors.md §4 #4 (sglang PR #14305, the "death spiral"): A holds the small tree with 50 in
+		// sglang PR #14305 (the "death spiral"): A holds the small tree with 50 in
 		// flight, B the big tree with none. By load: B (0) before A (50).
 		{Name: "miss-avoids-busy", Snapshot: sdk.Snapshot{Request: req, Endpoints: []sdk.Endpoint{ep(1, 0, 50), ep(0, 0, 0)}},
 			Want: []uint32{1, 0}},

@@ -12,10 +12,8 @@
 package main
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
 )
 
 // Config holds the scorer weights (JSON keys in parentheses).
@@ -27,16 +25,10 @@ type Config struct {
 	CPUWeight    float64 // cpu_weight: credit of a CPU-only block, default 0.8
 }
 
-type item struct {
-	score float64
-	key   uint64
-	idx   uint32
-}
-
 // Policy is the llm-d weighted-scorers policy.
 type Policy struct {
-	cfg   Config
-	items []item
+	cfg  Config
+	rank rank.Ranker
 }
 
 // Init reads the weights over their defaults.
@@ -49,11 +41,6 @@ func (p *Policy) Init(config []byte) error {
 		sdk.Field{Name: "gpu_weight", Dst: &p.cfg.GPUWeight, Min: 0, Max: 1},
 		sdk.Field{Name: "cpu_weight", Dst: &p.cfg.CPUWeight, Min: 0, Max: 1},
 	)
-}
-
-// order ranks the higher score first, then the tie key, then the index.
-func order(a, b item) int {
-	return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
 }
 
 // Choose scores and ranks the healthy endpoints.
@@ -74,12 +61,8 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 		}
 		first = false
 	}
-	p.items = p.items[:0]
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.Healthy() {
-			continue
-		}
+	p.rank.Reset()
+	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 {
 		var prefix float64
 		if req.PromptBlocks > 0 {
 			credit := float64(c.GPUWeight*float64(e.GPUBlocks)) + float64(c.CPUWeight*float64(e.CPUBlocks))
@@ -91,12 +74,9 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 		}
 		kv := 1 - float64(e.KVCacheUtilization)
 		score := float64(c.PrefixWeight*prefix) + float64(c.QueueWeight*queue) + float64(c.KVWeight*kv)
-		p.items = append(p.items, item{score: score, key: sdk.TieKey(req.Seed, e.Index), idx: e.Index})
-	}
-	slices.SortFunc(p.items, order)
-	for _, it := range p.items {
-		r.Add(it.idx)
-	}
+		return -score // the higher score first
+	})
+	p.rank.Rank(r)
 	return nil
 }
 

@@ -14,11 +14,11 @@ func ep(gpu, cpu, waiting uint32, util float32) sdk.Endpoint {
 func TestLLMDWeighted(t *testing.T) {
 	req := sdk.Request{PromptTokens: 256, PromptBlocks: 16, BlockSize: 16, Seed: 42}
 	sdktest.Run(t, func() sdk.Policy { return &Policy{} }, ".", []sdktest.Case{
-		// anchors.md §4 #3's fleet: waiting [100,0,0], prefix on idle endpoint 2, utilization 0.5.
+		// the fleet of vllm-project/router PR #238: waiting [100,0,0], prefix on idle endpoint 2, utilization 0.5.
 		// Scores: 0: 3·0 + 2·0 + 2·0.5 = 1; 1: 0 + 2·1 + 1 = 3; 2: 3·1 + 2 + 1 = 6 → [2,1,0].
 		{Name: "hot-endpoint-idle-owner", Snapshot: sdk.Snapshot{Request: req,
 			Endpoints: []sdk.Endpoint{ep(0, 0, 100, 0.5), ep(0, 0, 0, 0.5), ep(16, 0, 0, 0.5)}}, Want: []uint32{2, 1, 0}},
-		// inference-sim#1007 (recurring ask, anchors.md §4): equal queues min-max to 1.0 for everyone,
+		// inference-sim#1007 (a recurring ask): equal queues min-max to 1.0 for everyone,
 		// so the cold start is decided by KV: 0: 2 + 2·0.8 = 3.6; 1: 2 + 2·0.4 = 2.8 → [0,1].
 		{Name: "cold-start-equal-queues", Snapshot: sdk.Snapshot{Request: req,
 			Endpoints: []sdk.Endpoint{ep(0, 0, 5, 0.2), ep(0, 0, 5, 0.6)}}, Want: []uint32{0, 1}},

@@ -5,43 +5,24 @@
 package main
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/kvgate/kvgate/sdk"
+	"github.com/kvgate/kvgate/sdk/rank"
 )
-
-type item struct {
-	group     uint8
-	load, key uint64
-	idx       uint32
-}
 
 // Policy is the power-of-two-choices policy. It takes no config.
 type Policy struct {
 	sdk.BasePolicy
-	items []item
+	rank rank.Ranker
 }
 
-// order ranks by group, then lower load, then the tie key, then the index.
-func order(a, b item) int {
-	return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(a.load, b.load), cmp.Compare(a.key, b.key),
-		cmp.Compare(a.idx, b.idx))
-}
-
-// Choose draws two distinct healthy endpoints and ranks them first, less loaded first.
+// Choose draws two distinct healthy endpoints and ranks them first, less loaded first, then the others by
+// load.
 func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
-	p.items = p.items[:0]
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if e.Healthy() {
-			p.items = append(p.items, item{group: 1, load: uint64(e.Waiting) + uint64(e.InFlightRequests),
-				key: sdk.TieKey(s.Request.Seed, e.Index), idx: e.Index})
-		}
-	}
-	switch n := len(p.items); {
+	p.rank.Reset()
+	p.rank.AddHealthy(s, func(e *sdk.Endpoint) float64 { return float64(rank.Load(e)) })
+	switch n := p.rank.Len(); {
 	case n == 1:
-		p.items[0].group = 0
+		p.rank.Promote(0)
 	case n >= 2:
 		rng := sdk.NewRand(s.Request.Seed)
 		a := rng.Intn(n)
@@ -49,12 +30,10 @@ func (p *Policy) Choose(s *sdk.Snapshot, r *sdk.Ranking) error {
 		if b >= a {
 			b++
 		}
-		p.items[a].group, p.items[b].group = 0, 0
+		p.rank.Promote(a)
+		p.rank.Promote(b)
 	}
-	slices.SortFunc(p.items, order)
-	for _, it := range p.items {
-		r.Add(it.idx)
-	}
+	p.rank.Rank(r)
 	return nil
 }
 

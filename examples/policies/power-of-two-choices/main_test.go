@@ -12,7 +12,7 @@ func ep(waiting uint32) sdk.Endpoint { return sdk.Endpoint{Flags: sdk.FlagHealth
 func TestPowerOfTwoChoices(t *testing.T) {
 	hot := []sdk.Endpoint{ep(100), ep(0), ep(0)}
 	req := func(seed uint64) sdk.Request { return sdk.Request{PromptTokens: 256, BlockSize: 16, Seed: seed} }
-	// anchors.md §4 #3's fleet, loads [100, 0, 0]. Draws over 3 positions from an independent Python
+	// the fleet of vllm-project/router PR #238, loads [100, 0, 0]. Draws over 3 positions from an independent Python
 	// SplitMix64: seed 7 → (1, 0), seed 9 → (2, 1), seed 6 → (2, 0). The hot endpoint 0 is never first
 	// when it is drawn, and last otherwise. Seed 9 draws two idle endpoints: its tie keys put 2 before 1.
 	sdktest.Run(t, func() sdk.Policy { return &Policy{} }, ".", []sdktest.Case{

@@ -17,7 +17,7 @@ func TestRoundRobin(t *testing.T) {
 			Endpoints: []sdk.Endpoint{ep(0), {}, ep(0)}}, Want: []uint32{2, 0}},
 		{Name: "none-healthy", Snapshot: sdk.Snapshot{Endpoints: []sdk.Endpoint{{}}}, Want: []uint32{}},
 	}
-	// anchors.md §4 #2 (vllm-project/router#179: one of 8 engines took every concurrent identical
+	// vllm-project/router#179 ( one of 8 engines took every concurrent identical
 	// prompt): 8 identical prompts with sequence numbers 0..7 put each endpoint first exactly once.
 	eight := make([]sdk.Endpoint, 8)
 	for i := range eight {

@@ -12,7 +12,7 @@
 //   - ranking: the selected endpoint, then the others by match rate (higher first), then load, then key.
 //
 // It keeps SGLang's known weakness on purpose (a miss goes to the smallest cache even when it is busy,
-// anchors.md §4 #4) so the benchmark can compare it with kvgate's three-tier default.
+// sglang PR #14305) so the benchmark can compare it with kvgate's three-tier default.
 package main
 
 import (

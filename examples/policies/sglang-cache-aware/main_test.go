@@ -14,13 +14,13 @@ func ep(gpu, inflight uint32, util float32) sdk.Endpoint {
 func TestSGLangCacheAware(t *testing.T) {
 	req := sdk.Request{PromptTokens: 256, PromptBlocks: 16, BlockSize: 16, Seed: 42}
 	sdktest.Run(t, func() sdk.Policy { return &Policy{} }, ".", []sdktest.Case{
-		// anchors.md §4 #3 (vllm-project/router PR #238): loads [100,0,0], prefix on idle endpoint 2.
+		// vllm-project/router PR #238: loads [100,0,0], prefix on idle endpoint 2.
 		// SMG's per-request gate: selected 2 has load 0 ≤ mean 33.3 + 64, so it stays first (the
 		// classic fleet-wide gate, max−min = 100 > 64 and 100 > 1.5·0, would send it to min load).
 		// Then by rate (1: 0, 0: 0), by load: 1 (0), 0 (100).
 		{Name: "per-request-gate-keeps-affinity", Snapshot: sdk.Snapshot{Request: req,
 			Endpoints: []sdk.Endpoint{ep(0, 100, 0.5), ep(0, 0, 0.5), ep(16, 0, 0.5)}}, Want: []uint32{2, 1, 0}},
-		// anchors.md §4 #4 (sglang PR #14305, reproduced on purpose): a miss (rate 1/16 ≤ 0.3) goes to
+		// sglang PR #14305 (reproduced on purpose): a miss (rate 1/16 ≤ 0.3) goes to
 		// the smallest cache, endpoint 0 (utilization 0.1), although it has 50 in flight: mean 25,
 		// 50 > 37.5 but not > 89, so the gate does not spill.
 		{Name: "miss-smallest-cache-death-spiral", Snapshot: sdk.Snapshot{Request: req,

@@ -64,7 +64,7 @@ func TestMatchesNative10k(t *testing.T) {
 	}
 }
 
-// TestHandWorked: anchors.md §4 #3 (loads [100,0,0], prefix on idle endpoint 2 → [2,1,0]) and the
+// TestHandWorked: vllm-project/router PR #238 (loads [100,0,0], prefix on idle endpoint 2 → [2,1,0]) and the
 // balance draw for seed 42 over 4 endpoints (positions 2 and 0, from an independent Python SplitMix64).
 func TestHandWorked(t *testing.T) {
 	h := newHost(t)

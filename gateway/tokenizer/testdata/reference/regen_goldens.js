@@ -1,7 +1,7 @@
 // Regenerates kvgate's tokenizer goldens with HF's official Rust tokenizers (npm "tokenizers", napi binding).
 //
 // Usage (from this folder, after `npm ci`):
-//   node regen_goldens.js [--models DIR] [--out DIR] [--renders DIR] [model ...]
+//   node regen_goldens.js [--models DIR] [--out DIR] [--renders DIR] [--ids DIR] [model ...]
 // DIR defaults: --models $KVGATE_MODELS_DIR or <repo>/.cache/models (fetched by `make models`),
 //               --out ../goldens. Models default to all five reference models.
 // Inputs (in the out folder): corpus.jsonl and fuzz.jsonl ({"name","text"} per line), bench.txt.gz.
@@ -13,9 +13,10 @@
 // when decode(ids, skip_special_tokens=false) != text}. Bench line: {"name":"bench.txt","count","count_special",
 // "sha256"} with sha256 over the IDs joined by ",". The format is the one of the shared reference goldens, so
 // `git diff` after a run shows any drift.
-// --renders DIR (default <repo>/gateway/model/testdata/renders): for every DIR/<model>/<name>.txt (reference
-// chat-template renders), writes DIR/<model>.ids.jsonl with {"name","ids"} (add_special_tokens=false, as
-// vLLM encodes chat prompts).
+// --renders DIR (default <repo>/gateway/chattemplate/testdata/renders_py): for every DIR/<model>/<name>.txt
+// (reference chat-template renders), writes IDS/<model>.ids.jsonl (--ids, default
+// <repo>/gateway/model/testdata/renders) with {"name","ids"} (add_special_tokens=false, as vLLM encodes chat
+// prompts).
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -62,11 +63,13 @@ function repoRoot() {
 function parseArgs(argv) {
   const o = { models: process.env.KVGATE_MODELS_DIR || path.join(repoRoot(), '.cache', 'models'),
               out: path.join(__dirname, '..', 'goldens'),
-              renders: path.join(repoRoot(), 'gateway', 'model', 'testdata', 'renders'), names: [] };
+              renders: path.join(repoRoot(), 'gateway', 'chattemplate', 'testdata', 'renders_py'),
+              ids: path.join(repoRoot(), 'gateway', 'model', 'testdata', 'renders'), names: [] };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--models') o.models = argv[++i];
     else if (argv[i] === '--out') o.out = argv[++i];
     else if (argv[i] === '--renders') o.renders = argv[++i];
+    else if (argv[i] === '--ids') o.ids = argv[++i];
     else o.names.push(argv[i]);
   }
   if (o.names.length === 0) o.names = ALL;
@@ -114,7 +117,7 @@ async function main() {
         const rids = Array.from((await tok.encode(text, null, { addSpecialTokens: false })).getIds());
         rlines.push(JSON.stringify({ name: f.slice(0, -4), ids: rids }));
       }
-      fs.writeFileSync(path.join(o.renders, m + '.ids.jsonl'), rlines.join('\n') + '\n');
+      fs.writeFileSync(path.join(o.ids, m + '.ids.jsonl'), rlines.join('\n') + '\n');
     }
     console.error(`${m}: ${corpus.length} corpus + ${fuzz.length} fuzz cases, bench ${ids.length} tokens`);
   }
