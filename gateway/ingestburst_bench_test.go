@@ -25,7 +25,7 @@ import (
 //
 //	go test -run x -bench IngestBurstLatency -benchtime 1x ./gateway/
 func BenchmarkIngestBurstLatency(b *testing.B) {
-	for _, store := range []string{"memory", "redis"} {
+	for _, store := range []string{"memory", "redis", "redis-layout2"} {
 		b.Run(store, func(b *testing.B) {
 			for b.Loop() {
 				benchIngestBurst(b, store)
@@ -51,9 +51,13 @@ func benchIngestBurst(b *testing.B, store string) {
 		fmt.Fprintf(&eps, "      - {id: e%d, engine: enginesim, url: \"http://%s\", kv_events: \"tcp://127.0.0.1:%d\", max_inflight_requests: 64}\n", i, e.HTTPAddr(), addr.Port)
 	}
 	extra := ""
-	if store == "redis" {
+	if store == "redis" || store == "redis-layout2" {
 		rs := redistest.Start(b)
-		extra = fmt.Sprintf("store: {kind: redis, addrs: [%q]}\n", rs.Addr)
+		layout := 0 // the default: layout 1 read, both written until the store's marker says 2
+		if store == "redis-layout2" {
+			layout = 2 // a fleet with no older gateway (kvstore/RATIONALE.md, "Redis layout 2")
+		}
+		extra = fmt.Sprintf("store: {kind: redis, addrs: [%q], index_layout: %d}\n", rs.Addr, layout)
 	}
 	g := startGateway(b, gwYAML(eps.String(), extra))
 	seqs := make([]uint64, n)
