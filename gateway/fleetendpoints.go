@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/endpoints"
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/kvstore"
 )

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -19,13 +20,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/endpoints"
-	"github.com/kvgate/kvgate/gateway/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/server"
+	"github.com/kvgate/kvgate/gateway/internal/tlsconf"
+	"github.com/kvgate/kvgate/gateway/internal/tracing"
+	"github.com/kvgate/kvgate/gateway/internal/upstream"
 	"github.com/kvgate/kvgate/gateway/route"
-	"github.com/kvgate/kvgate/gateway/server"
-	"github.com/kvgate/kvgate/gateway/tlsconf"
-	"github.com/kvgate/kvgate/gateway/tracing"
-	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins"
@@ -791,4 +792,12 @@ func (c *ingestCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descCfgErr, prometheus.GaugeValue, cfgErr, ep)
 	}
+}
+
+// NewLogHandler returns the slog handler kvgate serve logs through: slog's JSON handler writing to w at
+// level, durations in seconds, whose access lines the server writes with its own encoder (same keys, order
+// and format; gateway/RATIONALE.md, the access-log section). A logger derived with With or WithGroup still works,
+// through slog.
+func NewLogHandler(w io.Writer, level slog.Leveler) slog.Handler {
+	return server.NewLogHandler(w, level)
 }

@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/driftguard"
-	"github.com/kvgate/kvgate/gateway/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/driftguard"
+	"github.com/kvgate/kvgate/gateway/internal/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/upstream"
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/route"
-	"github.com/kvgate/kvgate/gateway/upstream"
 )
 
 // tokenIDs is the gateway's chat token-ID forwarding: each endpoint's chat_token_ids field and the drift

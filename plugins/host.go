@@ -48,7 +48,7 @@ type Options struct {
 	MemoryLimitPages uint32
 	// CacheDir, if set, is wazero's on-disk compilation cache (compiled code survives restarts).
 	CacheDir string
-	// FuelInterval is how much fuel an uploaded module gets between two deadline checks (plugins/wasmmeter:
+	// FuelInterval is how much fuel an uploaded module gets between two deadline checks (plugins/internal/wasmmeter:
 	// one unit per function entry or loop iteration, plus one per 1 KiB of bulk memory operations). A
 	// call therefore ends at most one interval after its deadline, and the Go runtime can stop its
 	// goroutine (for a garbage collection) at least once per interval. Default 16384.

@@ -8,10 +8,10 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/sys"
 
-	"github.com/kvgate/kvgate/plugins/wasmmeter"
+	"github.com/kvgate/kvgate/plugins/internal/wasmmeter"
 )
 
-// Uploaded modules are metered (plugins/wasmmeter): every function entry and loop header spends fuel, and
+// Uploaded modules are metered (plugins/internal/wasmmeter): every function entry and loop header spends fuel, and
 // when it runs out the guest calls refill. refill is Go code, so it is where the call's deadline is
 // enforced and where the Go scheduler and garbage collector can stop the goroutine. Nothing a guest can
 // run (loop, loop-free call tree, start function) goes more than one fuel interval without reaching it.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/plugins/wasmmeter"
+	"github.com/kvgate/kvgate/plugins/internal/wasmmeter"
 )
 
 // bombCase is one adversarial upload: what Load must answer and, when it accepts, what Rank answers.
@@ -37,7 +37,7 @@ func fromFile(name string) func(t *testing.T) []byte {
 // process's heap (runtime.MemStats.HeapSys) grows by less than 256 MiB across all of them.
 // Before wasmmeter's limits, table-min, table-grow, rle-locals and forged-data-count took the process down
 // (Go "fatal error: out of memory"), random-get and fd-write-iovecs ran for minutes, and deep-nesting,
-// branch-work, br-table and many-functions compiled for 8 s to minutes (plugins/wasmmeter/RATIONALE.md).
+// branch-work, br-table and many-functions compiled for 8 s to minutes (plugins/internal/wasmmeter/RATIONALE.md).
 func TestResourceBombs(t *testing.T) {
 	cases := []bombCase{
 		{name: "table-min", wasm: fromFile("table-min"), limit: true, reject: []string{"MaxTableElements"}},

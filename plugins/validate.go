@@ -10,7 +10,7 @@ import (
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 
-	"github.com/kvgate/kvgate/plugins/wasmmeter"
+	"github.com/kvgate/kvgate/plugins/internal/wasmmeter"
 	"github.com/kvgate/kvgate/sdk"
 )
 
@@ -255,7 +255,7 @@ func (h *Host) sampleCall(ctx context.Context, ver *version, inst *instance, s *
 }
 
 // compileModule is rt.CompileModule with its panics turned into errors: wazero 1.12 panics on some invalid
-// modules (a call to a function whose type index is out of range: plugins/wasmmeter's fuzz corpus), and an
+// modules (a call to a function whose type index is out of range: plugins/internal/wasmmeter's fuzz corpus), and an
 // upload must not take the gateway down.
 func compileModule(ctx context.Context, rt wazero.Runtime, wasm []byte) (c wazero.CompiledModule, err error) {
 	defer func() {

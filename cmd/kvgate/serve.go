@@ -24,7 +24,6 @@ import (
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/route"
-	"github.com/kvgate/kvgate/gateway/server"
 )
 
 // newServeCmd returns `kvgate serve --config FILE`: run the gateway until SIGINT/SIGTERM.
@@ -82,7 +81,7 @@ func serveOn(ctx context.Context, cfgPath, listen string, out io.Writer) error {
 	if listen != "" {
 		cfg.Listen = listen
 	}
-	log := slog.New(server.NewLogHandler(os.Stderr, logLevel(cfg.LogLevel)))
+	log := slog.New(gateway.NewLogHandler(os.Stderr, logLevel(cfg.LogLevel)))
 	slog.SetDefault(log)
 	redis.SetLogger(redisLog{log})
 

@@ -121,10 +121,10 @@ func TestTokenizeErrors(t *testing.T) {
 }
 
 // TestTokenizeChat renders a reference conversation with --chat (prompt and IDs must equal the Python
-// jinja2 render in gateway/chattemplate/testdata and HF's IDs in gateway/model/testdata) and checks that a request the template rejects
+// jinja2 render in gateway/internal/chattemplate/testdata and HF's IDs in gateway/model/testdata) and checks that a request the template rejects
 // prints {"error"} and fails.
 func TestTokenizeChat(t *testing.T) {
-	renders := filepath.Join("..", "..", "gateway", "chattemplate", "testdata", "renders_py")
+	renders := filepath.Join("..", "..", "gateway", "internal", "chattemplate", "testdata", "renders_py")
 	ids := filepath.Join("..", "..", "gateway", "model", "testdata", "renders")
 	body := `{"model":"m","messages":[{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello! What's 2+2?"}],"add_generation_prompt":true}`
 	want, err := os.ReadFile(filepath.Join(renders, "qwen3", "sys_user_gen.txt"))

@@ -32,9 +32,9 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/kvgate/kvgate/gateway/internal/server"
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/route"
-	"github.com/kvgate/kvgate/gateway/server"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/plugins/threetier"

@@ -20,7 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Engine kinds an endpoint may declare. They decide how token IDs travel to the engine (see gateway/upstream).
+// Engine kinds an endpoint may declare. They decide how token IDs travel to the engine (see gateway/internal/upstream).
 const (
 	// EngineSim is kvgate's simulator (cmd/enginesim): token IDs go out of band on chat
 	// (prompt_token_ids) and completions (token-ID prompt).
@@ -33,7 +33,7 @@ const (
 )
 
 // Chat token-ID fields (Endpoint.ChatTokenIDs): where a chat request's token IDs travel to the engine, with
-// messages kept in the body (gateway/upstream/tokenids.go).
+// messages kept in the body (gateway/internal/upstream/tokenids.go).
 const (
 	// ChatTokenIDsKVTransfer is vLLM's kv_transfer_params.prompt_token_ids (vLLM #48145; default for vllm).
 	ChatTokenIDsKVTransfer = "kv_transfer_params"
@@ -177,7 +177,7 @@ type Config struct {
 	// Simulate, when set, starts simulated engines in-process (make run, demos).
 	Simulate *Simulate `yaml:"simulate"`
 
-	// Token IDs on chat and their drift guard (gateway/driftguard). An endpoint whose chat_token_ids is not
+	// Token IDs on chat and their drift guard (gateway/internal/driftguard). An endpoint whose chat_token_ids is not
 	// off gets token IDs only while its engine's /tokenize agrees with the gateway on the probe chats.
 
 	// VerifyTokenIDsEvery checks one in this many chat requests sent with token IDs against the engine's

@@ -1,5 +1,5 @@
 // Package model is one served model's text pipeline: an OpenAI chat request is rendered with the model's
-// chat template (gateway/chattemplate) and encoded with its tokenizer (gateway/tokenizer), producing the
+// chat template (gateway/internal/chattemplate) and encoded with its tokenizer (gateway/tokenizer), producing the
 // exact token IDs vLLM computes for the same request; a completions prompt is encoded with special tokens
 // added, as vLLM does.
 //
@@ -30,7 +30,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
 )
 
@@ -259,7 +259,7 @@ var scratchIDs = sync.Pool{New: func() any { return new([]uint32) }}
 const maxScratchIDs = 1 << 16
 
 // Load reads an HF model directory: the tokenizer (tokenizer.json or tokenizer.json.gz,
-// tokenizer_config.json) and the chat template (gateway/chattemplate.Load). A directory without a chat
+// tokenizer_config.json) and the chat template (gateway/internal/chattemplate.Load). A directory without a chat
 // template loads; its EncodeChat returns ErrNoChatTemplate.
 func Load(dir string) (*Model, error) { return LoadWithOptions(dir, Options{}) }
 

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
 	"github.com/kvgate/kvgate/kvstore/testenv"
 )
@@ -72,7 +72,7 @@ func readIDs(t testing.TB, path string) []idsLine {
 // chatGoldens is the chat template package's reference data (conversations.json, tools.json and the
 // Python jinja2 renders in renders_py/): read from there, not copied, so the two packages test the same
 // renders. The token IDs HF's tokenizers produced for those renders are this package's testdata/renders.
-const chatGoldens = "../chattemplate/testdata"
+const chatGoldens = "../internal/chattemplate/testdata"
 
 // TestRenderIDs encodes the 28 reference chat renders (4 templates x 7 conversations) and compares with
 // the IDs HF's tokenizers produced for them, through the segment cache (twice: cold and cached).

@@ -3,10 +3,10 @@ package model
 import (
 	"errors"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
 )
 
-// loadTemplate loads the chat template of dir with gateway/chattemplate; a directory without one gives a
+// loadTemplate loads the chat template of dir with gateway/internal/chattemplate; a directory without one gives a
 // nil Renderer (the model then serves completions only).
 func loadTemplate(dir string) (Renderer, error) {
 	t, err := chattemplate.Load(dir)

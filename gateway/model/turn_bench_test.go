@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
 	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/upstream"
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/gateway/tokenizer"
-	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 )
 

@@ -19,7 +19,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
 )
 
 // Error is an error answered to the client in OpenAI's shape, with its HTTP status.

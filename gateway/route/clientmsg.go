@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
-	"github.com/kvgate/kvgate/gateway/upstream"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/upstream"
 )
 
 // badRequest is a RequestError without a code.

@@ -3,7 +3,7 @@ package route
 import "errors"
 
 // The router's errors. Plan and Reserve wrap them with context; match with errors.Is / errors.As. The
-// server maps each to its HTTP answer (gateway/server routeError), so the router never speaks HTTP.
+// server maps each to its HTTP answer (gateway/internal/server routeError), so the router never speaks HTTP.
 var (
 	// ErrNoHealthy: no healthy endpoint serves the model, or every candidate was tried (503).
 	ErrNoHealthy = errors.New("route: no healthy endpoint")

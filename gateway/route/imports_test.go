@@ -10,7 +10,7 @@ import (
 )
 
 // The router knows no store and speaks no HTTP: none of its files imports go-redis (store failure is
-// kvstore.Guarded's) or gateway/openai (errors are mapped to HTTP in gateway/server). Test files may.
+// kvstore.Guarded's) or gateway/openai (errors are mapped to HTTP in gateway/internal/server). Test files may.
 func TestRouteImportsNoRedisNoOpenAI(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/upstream"
 	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/gateway/upstream"
 	"github.com/kvgate/kvgate/kvstore"
 )
 

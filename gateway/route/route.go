@@ -1,5 +1,5 @@
 // Package route is the gateway's routing pipeline for one request: tokenize (the model's chat template and
-// tokenizer) → block keys → index match → snapshot (engine load from gateway/endpoints plus in-flight leases)
+// tokenizer) → block keys → index match → snapshot (engine load from gateway/internal/endpoints plus in-flight leases)
 // → policy ranking → atomic reservation over the ranking (queued up to the model's queue_timeout) →
 // speculative index entry for the chosen endpoint. Forwarding is the server's job; it calls Release.
 //
@@ -22,9 +22,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/gateway/chattemplate"
-	"github.com/kvgate/kvgate/gateway/endpoints"
-	"github.com/kvgate/kvgate/gateway/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
+	"github.com/kvgate/kvgate/gateway/internal/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/metrics"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins/threetier"
@@ -63,7 +63,7 @@ type Ranker interface {
 }
 
 // Request is what routing needs of one client request; the server fills it from the parsed OpenAI body
-// (gateway/server routeRequest).
+// (gateway/internal/server routeRequest).
 type Request struct {
 	// Model is the "model" member as sent (a model or LoRA adapter name), for messages.
 	Model string

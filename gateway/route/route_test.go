@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/gateway/endpoints"
-	"github.com/kvgate/kvgate/gateway/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/metrics"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/openai"
 	"github.com/kvgate/kvgate/kvstore"

@@ -1,7 +1,7 @@
 package tokenizer
 
 // Interface is the tokenizer surface the rest of the gateway needs. *Tokenizer implements it; so does the
-// optional cgo backend over HF's Rust library in gateway/tokenizer/hftokenizers (build tag hftokenizers).
+// optional cgo backend over HF's Rust library in gateway/tokenizer/internal/hftokenizers (build tag hftokenizers).
 type Interface interface {
 	// Encode returns the token IDs of text; addSpecial adds the post-processor's special tokens.
 	Encode(text string, addSpecial bool) []uint32

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/kvgate/kvgate/gateway/jsonstr"
+	"github.com/kvgate/kvgate/gateway/internal/jsonstr"
 )
 
 // This file holds a small hand-written reader for the two big members of tokenizer.json, model.vocab (an
@@ -99,7 +99,7 @@ func (r *jsonReader) strBytes() ([]byte, error) {
 	return []byte(s), err
 }
 
-// strSlow decodes a string holding escapes, starting from its first content byte (gateway/jsonstr; bytes
+// strSlow decodes a string holding escapes, starting from its first content byte (gateway/internal/jsonstr; bytes
 // that are not UTF-8 are kept as they are).
 func (r *jsonReader) strSlow(start int) (string, error) {
 	out, next, err := jsonstr.AppendUnquoted(nil, r.buf, start, false)

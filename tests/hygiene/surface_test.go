@@ -41,17 +41,6 @@ var public = []string{
 // this list).
 var toMove = []string{
 	// BEGIN toMove
-	"gateway/chattemplate",
-	"gateway/driftguard",
-	"gateway/endpoints",
-	"gateway/jsonstr",
-	"gateway/metrics",
-	"gateway/server",
-	"gateway/tlsconf",
-	"gateway/tokenizer/hftokenizers",
-	"gateway/tracing",
-	"gateway/upstream",
-	"plugins/wasmmeter",
 	// END toMove
 }
 

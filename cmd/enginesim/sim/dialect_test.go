@@ -88,7 +88,7 @@ func TestDialects(t *testing.T) {
 		t.Fatalf("SGLang /v1/tokenize prompt list: %d %s", r.status, r.body)
 	}
 
-	// The load gauges' names per dialect are checked with the gateway's parser in gateway/endpoints
+	// The load gauges' names per dialect are checked with the gateway's parser in gateway/internal/endpoints
 	// (TestParseSimulatorDialects).
 
 	fake := seqTokens(40, 100) // not the chat's tokens: usage shows which prompt the engine ran

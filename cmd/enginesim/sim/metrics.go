@@ -44,7 +44,7 @@ var (
 
 // newMetrics builds one engine's collectors. With api APISGLang the three load gauges a router scrapes carry
 // SGLang's names (sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage: the ones
-// gateway/endpoints reads for SGLang) instead of vLLM's; the other series keep vLLM's names.
+// gateway/internal/endpoints reads for SGLang) instead of vLLM's; the other series keep vLLM's names.
 func newMetrics(modelName, api string) *metrics {
 	reg := prometheus.NewRegistry()
 	l := prometheus.Labels{"model_name": modelName}

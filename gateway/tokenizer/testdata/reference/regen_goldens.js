@@ -63,7 +63,7 @@ function repoRoot() {
 function parseArgs(argv) {
   const o = { models: process.env.KVGATE_MODELS_DIR || path.join(repoRoot(), '.cache', 'models'),
               out: path.join(__dirname, '..', 'goldens'),
-              renders: path.join(repoRoot(), 'gateway', 'chattemplate', 'testdata', 'renders_py'),
+              renders: path.join(repoRoot(), 'gateway', 'internal', 'chattemplate', 'testdata', 'renders_py'),
               ids: path.join(repoRoot(), 'gateway', 'model', 'testdata', 'renders'), names: [] };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--models') o.models = argv[++i];

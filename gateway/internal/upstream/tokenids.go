@@ -1,0 +1,188 @@
+package upstream
+
+import (
+	"bytes"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/openai"
+)
+
+// Reasons a chat request went to an engine with its original body although its endpoint takes token IDs:
+// the reason label of kvgate_token_ids_skipped_total{endpoint,reason}.
+const (
+	// SkipClientSet: the client already sent the token-ID field (it wins; the gateway adds nothing).
+	SkipClientSet = "client_set"
+	// SkipMultimodal: a content part the gateway does not render into the engine's tokens (image, audio,
+	// video, embeddings): the engine's multimodal processor inserts its own placeholder tokens.
+	SkipMultimodal = "multimodal"
+	// SkipContinueFinal: continue_final_message that the chat template cannot express (the final message
+	// is not found in the rendered prompt); the engine answers it itself.
+	SkipContinueFinal = "continue_final_message"
+	// SkipUnverified: the drift guard has not (or no longer) proved the endpoint's engine tokenizes as the
+	// gateway does (gateway/internal/driftguard).
+	SkipUnverified = "unverified"
+	// SkipInvalidField: the client's kv_transfer_params is neither an object nor null (the engine rejects it).
+	SkipInvalidField = "invalid_kv_transfer_params"
+)
+
+// ChatBody returns body with ids spliced into the field mode names (config.ChatTokenIDs*), every other
+// byte of body kept as the client sent it, or body itself and the reason when it must go unchanged:
+//   - prompt_token_ids, input_ids: a top-level member, inserted right after the opening brace (a member
+//     the client sent as null has its null replaced in place; any other value is the client's: SkipClientSet);
+//   - kv_transfer_params: a top-level {"prompt_token_ids":[...]} object, or, when the client sent a
+//     kv_transfer_params object, "prompt_token_ids" added as its first member (the client's own
+//     prompt_token_ids there, unless null or [], wins: SkipClientSet; a non-object value: SkipInvalidField);
+//   - off, or any other mode: body unchanged with skip "" (nothing to count).
+//
+// When a key occurs more than once the last occurrence is the one edited, as the engines' JSON decoders
+// (Python's json) keep the last. body must be a JSON object (openai.ParseRequest checked it).
+func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) {
+	var key string
+	switch mode {
+	case config.ChatTokenIDsPromptTokenIDs, config.ChatTokenIDsInputIDs, config.ChatTokenIDsKVTransfer:
+		key = mode
+	default:
+		return body, ""
+	}
+	if openBrace(body) < 0 {
+		return body, "" // not an object: openai.ParseRequest refuses it before this
+	}
+	var val gjson.Result
+	found := false
+	// A string view of body, not ParseBytes's copy (a long conversation is hundreds of KB); nothing kept
+	// from the scan outlives this call.
+	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, v gjson.Result) bool {
+		if k.Str == key {
+			val, found = v, true
+		}
+		return true
+	})
+	idsJSON := openai.AppendIDs(nil, ids)
+	if mode != config.ChatTokenIDsKVTransfer {
+		switch {
+		case !found:
+			return insertMember(body, openBrace(body), key, idsJSON), ""
+		case val.Type == gjson.Null:
+			return replaceValue(body, val, idsJSON), ""
+		}
+		return body, SkipClientSet
+	}
+	// kv_transfer_params: a new object is written from its parts (the IDs are copied once)
+	head, tail := []byte(`{"prompt_token_ids":`), []byte(`}`)
+	switch {
+	case !found:
+		return insertMember(body, openBrace(body), key, head, idsJSON, tail), ""
+	case val.Type == gjson.Null:
+		return replaceValue(body, val, head, idsJSON, tail), ""
+	case !val.IsObject():
+		return body, SkipInvalidField
+	}
+	var inner gjson.Result
+	innerFound := false
+	gjson.Parse(val.Raw).ForEach(func(k, v gjson.Result) bool { // indexes into val.Raw
+		if k.Str == "prompt_token_ids" {
+			inner, innerFound = v, true
+		}
+		return true
+	})
+	if innerFound {
+		if inner.Type != gjson.Null && !(inner.IsArray() && len(inner.Array()) == 0) {
+			return body, SkipClientSet
+		}
+		// vLLM reads a null or empty list as "not given" (kv.pop(...) or None): fill it in place.
+		inner.Index += val.Index
+		return replaceValue(body, inner, idsJSON), ""
+	}
+	return insertMember(body, val.Index, "prompt_token_ids", idsJSON), ""
+}
+
+// openBrace is the index of body's opening '{'.
+func openBrace(body []byte) int {
+	return bytes.IndexByte(body, '{')
+}
+
+// insertMember inserts "key":value as the first member of the object whose '{' is at body[brace]; value
+// is the concatenation of parts.
+func insertMember(body []byte, brace int, key string, value ...[]byte) []byte {
+	out := make([]byte, 0, len(body)+len(key)+partsLen(value)+4)
+	out = append(out, body[:brace+1]...)
+	out = append(out, '"')
+	out = append(out, key...)
+	out = append(out, '"', ':')
+	for _, p := range value {
+		out = append(out, p...)
+	}
+	rest := body[brace+1:]
+	j := 0
+	for j < len(rest) && (rest[j] == ' ' || rest[j] == '\t' || rest[j] == '\n' || rest[j] == '\r') {
+		j++
+	}
+	if j < len(rest) && rest[j] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, rest...)
+}
+
+// replaceValue replaces the value v (v.Index is its offset in body) by the concatenation of value.
+func replaceValue(body []byte, v gjson.Result, value ...[]byte) []byte {
+	out := make([]byte, 0, len(body)-len(v.Raw)+partsLen(value))
+	out = append(out, body[:v.Index]...)
+	for _, p := range value {
+		out = append(out, p...)
+	}
+	return append(out, body[v.Index+len(v.Raw):]...)
+}
+
+func partsLen(parts [][]byte) int {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	return n
+}
+
+// mediaHints are substrings without which a chat body has no media content part (cheap test before a parse).
+var mediaHints = [][]byte{[]byte(`_url"`), []byte(`input_audio`), []byte(`image_pil`), []byte(`_embeds"`),
+	[]byte(`"input_image"`), []byte(`"image"`), []byte(`"audio"`), []byte(`"video"`)}
+
+// HasMediaParts reports whether a chat body has a message content part that is not text (image, audio,
+// video, embeddings: anything whose tokens the engine's multimodal processor decides). Text, thinking and
+// refusal parts, and tool references, are rendered by the gateway's chat template.
+func HasMediaParts(body []byte) bool {
+	hint := false
+	for _, h := range mediaHints {
+		if bytes.Contains(body, h) {
+			hint = true
+			break
+		}
+	}
+	if !hint {
+		return false
+	}
+	media := false
+	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		c := m.Get("content")
+		if !c.IsArray() {
+			return true
+		}
+		c.ForEach(func(_, part gjson.Result) bool {
+			switch t := part.Get("type"); {
+			case t.Type != gjson.String:
+				for _, k := range []string{"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "input_audio", "video_url"} {
+					if part.Get(k).Exists() {
+						media = true
+					}
+				}
+			case t.Str == "text", t.Str == "thinking", t.Str == "reasoning", t.Str == "refusal", t.Str == "tool_reference", t.Str == "input_text", t.Str == "output_text":
+			default:
+				media = true
+			}
+			return !media
+		})
+		return !media
+	})
+	return media
+}
