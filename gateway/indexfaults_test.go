@@ -205,7 +205,7 @@ func TestRestartSeenInMetrics(t *testing.T) {
 }
 
 // TestHungRedisDegradesQuickly (#11 item 4): two gateways on one Redis that is paused (kill -STOP): every
-// request is still answered, none waits more than 2 × store_timeout beyond the slowest request before the
+// request is still answered, none waits more than 2.5 × store_timeout (a call, then a confirming PING) beyond the slowest request before the
 // pause, and both gateways switch to store-down routing. Before the fix the first requests took ~10 s
 // (go-redis's 3 s read timeout, retried).
 func TestHungRedisDegradesQuickly(t *testing.T) {
@@ -239,8 +239,10 @@ func TestHungRedisDegradesQuickly(t *testing.T) {
 	}
 	t.Logf("slowest request before the pause %v; while paused %v (store_timeout %v); all answered %v after the pause",
 		base.Round(time.Millisecond), worst.Round(time.Millisecond), storeTimeout, time.Since(paused).Round(time.Millisecond))
-	if worst > base+2*storeTimeout {
-		t.Fatalf("a request took %v while Redis was paused, want at most %v", worst, base+2*storeTimeout)
+	// A failed call marks the store down only after a PING bounded by store_timeout/2 fails too
+	// (kvstore/RATIONALE.md, "Partial outages"): the first request can pay a call and a PING.
+	if bound := base + 2*storeTimeout + storeTimeout/2; worst > bound {
+		t.Fatalf("a request took %v while Redis was paused, want at most %v", worst, bound)
 	}
 	for i, g := range gws {
 		if !g.StoreStatus().Down {
