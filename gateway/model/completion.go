@@ -40,10 +40,7 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 		return true
 	})
 	if base > 0 && arena == nil {
-		n := len(head) + len(delta)
-		buf := make([]uint32, n, arenaCap(n))
-		copy(buf[copy(buf, head):], delta)
-		arena, head = newArena(buf), view(buf, n)
+		arena, head = promote(head, delta)
 	}
 	if !utf8.ValidString(prompt[base:]) {
 		// A cached prefix is valid UTF-8 (it was repaired before it was cached), so only the rest needs

@@ -169,12 +169,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		})
 	}
 	if base > 0 && arena == nil {
-		// A branch's entry: its IDs become an arena now that it has a next turn (the one copy a branch
-		// costs, made once per continuation).
-		n := len(prefix) + len(delta)
-		buf := make([]uint32, n, arenaCap(n))
-		copy(buf[copy(buf, prefix):], delta)
-		arena, prefix = newArena(buf), view(buf, n)
+		arena, prefix = promote(prefix, delta)
 	}
 	if !utf8.ValidString(prompt[base:]) {
 		// A cached prefix is valid UTF-8 and ends after a token, so only the rest needs repairing.

@@ -77,6 +77,15 @@ func newArena(ids []uint32) *idArena { return &idArena{ids: ids} }
 // view returns ids[:n] as a read-only view (len == cap).
 func view(ids []uint32, n int) []uint32 { return ids[:n:n] }
 
+// promote copies a branch entry's IDs (prefix, then delta) into a new arena, now that it has a next turn
+// (the one copy a branch costs, made once per continuation), and returns the arena and its view.
+func promote(prefix, delta []uint32) (*idArena, []uint32) {
+	n := len(prefix) + len(delta)
+	buf := make([]uint32, n, arenaCap(n))
+	copy(buf[copy(buf, prefix):], delta)
+	return newArena(buf), view(buf, n)
+}
+
 // extend returns a view of prefix (a view of a's array of length n, ending at a cached boundary) followed
 // by more, appending more to the arena if the IDs after n are still free or already start with more's
 // first IDs (the same conversation's previous turn). ok is false when the IDs after n belong to a
