@@ -99,7 +99,13 @@ func (r *RedisReservations) Renew(ctx context.Context, l Lease, ttl time.Duratio
 	if ttl <= 0 {
 		return Lease{}, fmt.Errorf("kvstore: renew: ttl %v: %w", ttl, ErrInvalidArgument)
 	}
-	exp, err := scriptResRenew.Run(ctx, r.c, r.keys, l.ID, msCeil(ttl)).Int64()
+	return renewOn(ctx, r.c, r.keys, l.ID, l, ttl)
+}
+
+// renewOn runs the renew script on keys for the lease stored as id (l.ID, or its part within an
+// endpoint's shard) and returns l with the new expiry; ErrLeaseNotLive when the store no longer holds it.
+func renewOn(ctx context.Context, c redis.UniversalClient, keys []string, id string, l Lease, ttl time.Duration) (Lease, error) {
+	exp, err := scriptResRenew.Run(ctx, c, keys, id, msCeil(ttl)).Int64()
 	if err != nil {
 		return Lease{}, fmt.Errorf("kvstore: redis renew: %w", err)
 	}

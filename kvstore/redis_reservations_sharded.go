@@ -107,15 +107,7 @@ func (r *ShardedRedisReservations) Renew(ctx context.Context, l Lease, ttl time.
 	if err != nil {
 		return Lease{}, err
 	}
-	exp, err := scriptResRenew.Run(ctx, r.c, keys, n, msCeil(ttl)).Int64()
-	if err != nil {
-		return Lease{}, fmt.Errorf("kvstore: redis renew: %w", err)
-	}
-	if exp < 0 {
-		return Lease{}, fmt.Errorf("kvstore: renew %s: %w", l.ID, ErrLeaseNotLive)
-	}
-	l.Expires = time.UnixMilli(exp)
-	return l, nil
+	return renewOn(ctx, r.c, keys, n, l, ttl)
 }
 
 // Release implements Reservations (one EVALSHA on the lease's endpoint; idempotent).
