@@ -165,13 +165,19 @@ func TestRequestIDAndAccessLog(t *testing.T) {
 		t.Fatal("the second identical request found no cached tokens (affinity broken?)")
 	}
 
-	// A request reaching e0 (through the recording proxy) sends the gateway's ID upstream.
-	for i := 0; i < 20 && rec.last() == ""; i++ {
-		p := params
-		p.Messages = []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("route me ", i+1))}
-		if _, err := c.Chat.Completions.New(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+	// A request reaching e0 (through the recording proxy) sends the gateway's ID upstream. A new prompt
+	// may be ranked on either endpoint, so e1's engine refuses the next request once: ranked on e1 first,
+	// it is retried on e0.
+	if code, _, b := post(t, "http://"+engines[1].HTTPAddr()+"/sim/faults", `{"fail_status":503,"fail_count":1}`); code != 200 {
+		t.Fatalf("arm faults: %d %s", code, b)
+	}
+	p0 := params
+	p0.Messages = []openai.ChatCompletionMessageParamUnion{openai.UserMessage("route me to e0")}
+	if _, err := c.Chat.Completions.New(ctx, p0, option.WithResponseInto(&resp)); err != nil || resp.Header.Get("X-Kvgate-Endpoint") != "e0" {
+		t.Fatalf("a request refused by e1 was not served by e0: %v (endpoint %q)", err, resp.Header.Get("X-Kvgate-Endpoint"))
+	}
+	if code, _, b := post(t, "http://"+engines[1].HTTPAddr()+"/sim/faults", `{}`); code != 200 {
+		t.Fatalf("disarm faults: %d %s", code, b)
 	}
 	if !generatedID.MatchString(rec.last()) && !strings.HasPrefix(rec.last(), "client-req-") {
 		t.Fatalf("engine saw X-Request-Id %q", rec.last())
@@ -244,38 +250,41 @@ func TestRequestIDAndAccessLog(t *testing.T) {
 		t.Fatalf("stream access line %v, usage %+v", l, su)
 	}
 
-	// Retries: e0's engine answers 503 to everything; a request ranked there first is retried on e1, its
-	// line says retries 1, and the warning about the refusal carries its request ID.
-	if code, _, b := post(t, "http://"+engines[0].HTTPAddr()+"/sim/faults", `{"fail_status":503,"fail_count":-1}`); code != 200 {
-		t.Fatalf("arm faults: %d %s", code, b)
-	}
-	// Which endpoint a new prompt is ranked on first depends on load ties: ask the gateway's explain route
-	// for each candidate prompt and send the first one it ranks on e0 (it must be retried on e1).
+	// Retries: the engine of the endpoint a new prompt is ranked on first answers 503 to everything, so the
+	// request is retried on the other one; its line says how many retries, and each warning about a refusal
+	// carries its request ID. Which endpoint a new prompt is ranked on first depends on load ties, so the
+	// gateway's explain route names it and that engine is the one armed (the other one is disarmed).
+	sims := map[string]string{"e0": engines[0].HTTPAddr(), "e1": engines[1].HTTPAddr()}
+	other := map[string]string{"e0": "e1", "e1": "e0"}
 	retried := 0
-	for i := 0; i < 64 && retried == 0; i++ {
+	for i := 0; i < 8 && retried == 0; i++ {
 		text := strings.Repeat("retry me ", i+3)
 		eb, _ := json.Marshal(map[string]any{"model": "qwen3", "messages": []map[string]string{{"role": "user", "content": text}}})
 		var ex struct {
 			Ranking []string `json:"ranking"`
 		}
 		st, _, b := post(t, "http://"+g.Addr()+"/admin/v1/route", string(eb), "Authorization", "Bearer admintok")
-		if st != 200 || json.Unmarshal(b, &ex) != nil || len(ex.Ranking) == 0 {
+		if st != 200 || json.Unmarshal(b, &ex) != nil || len(ex.Ranking) == 0 || sims[ex.Ranking[0]] == "" {
 			t.Fatalf("explain: %d %s", st, b)
 		}
-		if ex.Ranking[0] != "e0" {
-			continue
+		first := ex.Ranking[0]
+		for ep, f := range map[string]string{first: `{"fail_status":503,"fail_count":-1}`, other[first]: `{}`} {
+			if code, _, b := post(t, "http://"+sims[ep]+"/sim/faults", f); code != 200 {
+				t.Fatalf("arm faults on %s: %d %s", ep, code, b)
+			}
 		}
 		id := fmt.Sprintf("retry-%d", i)
-		before := scrapeMetric(t, "http://"+g.Addr()+"/metrics", `kvgate_upstream_retries_total{endpoint="e0"}`)
+		metric := `kvgate_upstream_retries_total{endpoint="` + first + `"}`
+		before := scrapeMetric(t, "http://"+g.Addr()+"/metrics", metric)
 		p := params
 		p.Messages = []openai.ChatCompletionMessageParamUnion{openai.UserMessage(text)}
 		if _, err := c.Chat.Completions.New(ctx, p, option.WithHeader("X-Request-Id", id), option.WithResponseInto(&resp)); err != nil {
 			t.Fatal(err)
 		}
-		delta := scrapeMetric(t, "http://"+g.Addr()+"/metrics", `kvgate_upstream_retries_total{endpoint="e0"}`) - before
+		delta := scrapeMetric(t, "http://"+g.Addr()+"/metrics", metric) - before
 		ls := logs.lines(map[string]any{"msg": "request", "request_id": id})
-		if len(ls) != 1 || ls[0]["retries"] != delta || ls[0]["endpoint_id"] != "e1" {
-			t.Fatalf("%s: access line %v, retries counted %v", id, ls, delta)
+		if len(ls) != 1 || ls[0]["retries"] != delta || ls[0]["endpoint_id"] != other[first] {
+			t.Fatalf("%s (ranked on %s first): access line %v, retries counted %v", id, first, ls, delta)
 		}
 		warns := logs.lines(map[string]any{"level": "WARN", "request_id": id})
 		if int(delta) != len(warns) {
@@ -284,7 +293,7 @@ func TestRequestIDAndAccessLog(t *testing.T) {
 		retried += int(delta)
 	}
 	if retried == 0 {
-		t.Fatal("no request ranked on the failing endpoint first was retried (64 prompts explained)")
+		t.Fatal("no request ranked on the failing endpoint first was retried (8 prompts explained)")
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
@@ -98,7 +99,7 @@ func NewWithOptions(o Options) *Client {
 		DialContext:         (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     IdleConnTimeout,
 		DisableCompression:  true, // pass the engine's bytes through; SSE must not be buffered by gzip
 		ForceAttemptHTTP2:   false,
 		WriteBufferSize:     64 << 10,
@@ -107,6 +108,18 @@ func NewWithOptions(o Options) *Client {
 	}
 	return &Client{hc: &http.Client{Transport: tr}, o: o}
 }
+
+// IdleConnTimeout is how long a keep-alive connection to an engine stays pooled unused. It is below the
+// 5 s keep-alive timeout vLLM and SGLang (uvicorn) close idle connections at, so the gateway normally
+// closes a connection before the engine does and rarely sends on one the engine is closing.
+const IdleConnTimeout = 4 * time.Second
+
+// staleWindow is how soon after the request was written an engine's close still counts as an idle-close
+// racing the reuse rather than an engine (or a proxy in front of it) giving up on a request it worked on.
+const staleWindow = 250 * time.Millisecond
+
+// maxStaleRetries bounds how many pooled connections in a row one request may find closed by the engine.
+const maxStaleRetries = 2
 
 // HTTP returns the underlying client (used for the endpoints' /metrics and /health scrapes, sharing the
 // connection pool).
@@ -195,9 +208,12 @@ type Request struct {
 
 // Do sends r. The response's headers have arrived when it returns; its Body reads fail with
 // context.Canceled after ctx ends, ErrIdle after the engine is silent for IdleTimeout and, for a
-// non-streaming request, ErrTotalTimeout. A reused keep-alive connection that failed before the request
-// was completely written is retried once on a new connection; a request that was written is never sent
-// again. Errors are *Error.
+// non-streaming request, ErrTotalTimeout. A pooled keep-alive connection that the engine had closed is
+// retried on another connection (at most maxStaleRetries times): when it failed before the request was
+// completely written, or when the engine closed it (EOF or reset) within staleWindow of the request
+// being written and before any response byte, which is an engine's idle-close racing the reuse (see RATIONALE.md "Stale
+// keep-alive connections"). A request that failed on a new connection after it was written is never
+// sent again. Errors are *Error.
 func (c *Client) Do(ctx context.Context, r Request) (*http.Response, error) {
 	url := strings.TrimRight(r.BaseURL, "/") + r.Path
 	limit, limitErr := c.o.TotalTimeout, ErrTotalTimeout
@@ -235,9 +251,13 @@ func (c *Client) Do(ctx context.Context, r Request) (*http.Response, error) {
 			req.Header.Set("Content-Type", "application/json")
 		}
 		var reused, wrote, connected atomic.Bool
+		var wroteAt atomic.Int64
 		req = req.WithContext(httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
-			GotConn:      func(i httptrace.GotConnInfo) { reused.Store(i.Reused); connected.Store(true) },
-			WroteRequest: func(i httptrace.WroteRequestInfo) { wrote.Store(i.Err == nil) },
+			GotConn: func(i httptrace.GotConnInfo) { reused.Store(i.Reused && i.WasIdle); connected.Store(true) },
+			WroteRequest: func(i httptrace.WroteRequestInfo) {
+				wrote.Store(i.Err == nil)
+				wroteAt.Store(time.Now().UnixNano())
+			},
 		}))
 		resp, err := c.hc.Do(req)
 		if err == nil {
@@ -263,11 +283,18 @@ func (c *Client) Do(ctx context.Context, r Request) (*http.Response, error) {
 		case !connected.Load() && isTimeout(err):
 			e.Timeout = ErrConnectTimeout
 		}
-		if ctx.Err() == nil && e.Timeout == nil && !e.Started && reused.Load() && attempt == 0 {
-			continue // a stale keep-alive connection, and the request was not completely written on it
+		if ctx.Err() == nil && e.Timeout == nil && reused.Load() && attempt < maxStaleRetries &&
+			(!e.Started || (closedByPeer(err) && time.Since(time.Unix(0, wroteAt.Load())) < staleWindow)) {
+			continue // a stale keep-alive connection: the engine closed it, and never answered on it
 		}
 		return nil, e
 	}
+}
+
+// closedByPeer says whether err is the engine closing the connection: EOF, or a reset or broken pipe.
+func closedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func isTimeout(err error) bool {

@@ -1,9 +1,11 @@
 package upstream
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -184,5 +186,84 @@ func TestWithRank(t *testing.T) {
 	}
 	if got := WithRank(nil, 0); got.Get(DataParallelRankHeader) != "0" {
 		t.Fatalf("nil headers: %v", got)
+	}
+}
+
+// staleServer answers one request per connection with keep-alive, then treats the next request on that
+// connection as an engine's idle-close racing the reuse: it reads the request and closes without
+// answering. It counts connections and requests read.
+type staleServer struct {
+	ln            net.Listener
+	conns, reqs   atomic.Int32
+	closeAfterOne bool
+}
+
+func newStaleServer(t *testing.T) *staleServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &staleServer{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; ; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					s.reqs.Add(1)
+					if i == 1 {
+						return // closed with the request unanswered
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}")
+				}
+			}()
+		}
+	}()
+	return s
+}
+
+// A pooled connection the engine closes right after the request was written (EOF, no response byte) is
+// the idle-close race: the request is sent again on a new connection and succeeds. The same close on a
+// new connection is not retried. Before the fix the second request failed with "Post ...: EOF".
+func TestStaleConnectionAfterWriteRetried(t *testing.T) {
+	s := newStaleServer(t)
+	c := NewWithOptions(Options{ConnectTimeout: time.Second})
+	url := "http://" + s.ln.Addr().String()
+	for i := range 3 {
+		resp, err := c.Do(context.Background(), Request{BaseURL: url, Path: "/v1/completions", Body: []byte(`{"prompt":"x"}`)})
+		if err != nil {
+			t.Fatalf("request %d: %v (connections %d, requests read %d)", i, err, s.conns.Load(), s.reqs.Load())
+		}
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	// Request 0 on conn 1; request 1 read and dropped on conn 1, then answered on conn 2; request 2 read
+	// and dropped on conn 2, then answered on conn 3.
+	if s.conns.Load() != 3 || s.reqs.Load() != 5 {
+		t.Fatalf("connections %d, requests read %d; want 3 and 5", s.conns.Load(), s.reqs.Load())
+	}
+
+	// A server that drops every request after reading it: the first attempt on a new connection fails
+	// with Started and is not sent again.
+	drop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	}))
+	defer drop.Close()
+	var ue *Error
+	if _, err := NewWithOptions(Options{}).Do(context.Background(), Request{BaseURL: drop.URL, Path: "/x", Body: []byte("{}")}); !errors.As(err, &ue) || !ue.Started {
+		t.Fatalf("fresh connection dropped after the write: %v", err)
 	}
 }
