@@ -296,18 +296,20 @@ func scan(eps []sdk.Endpoint, items []item, seed uint64, bs, pt, w float64) (k i
 //go:noinline
 func classify(items []item, keys []uint64, minLoad uint64, limit int64, lb, pb uint) (bestFree, bestOver uint64, nOver int) {
 	keys = keys[:len(items)]
-	// The tie key's top fieldLow−pb−lb bits (a shift by 64 gives 0: no tie bits).
-	tieShift := 64 - (fieldLow - pb - lb)
+	// The tie key's top fieldLow−pb−lb bits at bit pb: its top fieldLow−lb bits (a shift of 24 + lb,
+	// in [24, 64)) with the position bits cleared. Shift counts masked with 63 are used as they are; an
+	// unmasked count is a compare and select per shift in Go's wasm code.
+	tieShift, loadShift := (64-fieldLow+lb)&63, (fieldLow-lb)&63
+	posMask := uint64(1)<<(pb&63) - 1
 	for i := range items {
 		it := &items[i]
 		rb := math.Float64bits(it.rate)
-		var m uint64 // all ones when overloaded
-		if int64(it.load-minLoad) > limit {
-			m = math.MaxUint64
-		}
+		// All ones when overloaded: load − minLoad < 2^33 and limit ≥ −1, so the difference cannot
+		// overflow.
+		m := uint64((limit - int64(it.load-minLoad)) >> 63)
 		nOver += int(m & 1)
 		rf := (rateField - rb>>fieldLow) << fieldLow
-		keys[i] = it.load<<(fieldLow-lb) | it.key>>tieShift<<pb | uint64(i) | group&m | rf&^m
+		keys[i] = it.load<<loadShift | it.key>>tieShift&^posMask | uint64(i) | group&m | rf&^m
 		bestOver = max(bestOver, rb&m)
 		bestFree = max(bestFree, rb&^m)
 	}
@@ -480,7 +482,7 @@ func sortPacked(keys, all []uint64) {
 const mergePad = math.MaxUint64 - 1
 
 // sortMerge sorts keys (more than 16): blocks of 16 by sortNet16, then runs merged pairwise. all
-// is keys' backing array, with room for a multiple of 16 keys plus the merge's scratch (2·64 + 2).
+// is keys' backing array, with room for a multiple of 16 keys plus the merge's scratch (as many + 4).
 func sortMerge(keys, all []uint64) {
 	n := (len(keys) + 15) &^ 15
 	w := all[:n]
@@ -490,7 +492,7 @@ func sortMerge(keys, all []uint64) {
 	for b := 0; b+16 <= n; b += 16 {
 		sortNet16((*[16]uint64)(w[b : b+16]))
 	}
-	tmp := all[n : n+n+2]
+	tmp := all[n : n+n+4]
 	for width := 16; width < n; width *= 2 {
 		for lo := 0; lo+width < n; lo += 2 * width {
 			mergeRuns(w[lo:min(lo+2*width, n)], width, tmp)
@@ -498,30 +500,62 @@ func sortMerge(keys, all []uint64) {
 	}
 }
 
-// mergeRuns merges the sorted runs w[:m] and w[m:] in place, through tmp (len(w)+2 words): each run is
-// copied there followed by a sentinel larger than every key, so the loop needs no end tests.
+// mergeRuns merges the sorted runs w[:m] and w[m:] in place, through tmp (len(w)+4 words), from both
+// ends at once: the front takes the smaller head, the back the larger tail, each len(w)/2 times. The two
+// are independent chains of load, compare and select (a one-ended branch-free merge waits on each
+// step's loads before the next), so the merge takes about half as long. Each run is copied to tmp
+// between a low sentinel (0) and a high one (larger than every key), so neither end needs a bound test.
+//
+// The halves meet exactly: the front's first len(w)/2 outputs are the smallest keys and the back's the
+// largest, with ties (only the padding keys, all in the second run) taken from the first run by the front
+// and from the second by the back. A 0 key can only be the smallest one, which the back never reaches.
 //
 //go:noinline
 func mergeRuns(w []uint64, m int, tmp []uint64) {
-	tmp = tmp[:len(w)+2]
-	copy(tmp, w[:m])
-	tmp[m] = math.MaxUint64
-	copy(tmp[m+1:], w[m:])
-	tmp[len(w)+1] = math.MaxUint64
+	n := len(w)
+	tmp = tmp[:n+4]
+	tmp[0] = 0
+	copy(tmp[1:], w[:m])
+	tmp[m+1] = math.MaxUint64
+	tmp[m+2] = 0
+	copy(tmp[m+3:], w[m:])
+	tmp[n+3] = math.MaxUint64
 	base := unsafe.Pointer(unsafe.SliceData(tmp))
-	i, j := uintptr(0), uintptr(m+1)
-	for k := range w {
-		// i ≤ m and j ≤ len(w)+1: a run never advances past its sentinel while the other has keys left.
-		x := *(*uint64)(unsafe.Add(base, i*8))
-		y := *(*uint64)(unsafe.Add(base, j*8))
-		var t uintptr
-		if x <= y {
-			t = 1
-		}
-		w[k] = min(x, y)
-		i += t
-		j += 1 - t
+	dst := unsafe.Pointer(unsafe.SliceData(w))
+	i, j := uintptr(1), uintptr(m+3) // front heads
+	p, q := uintptr(m), uintptr(n+2) // back tails
+	// n is a multiple of 16 (whole blocks), so n/2 is even: two steps of each end per iteration.
+	for k, e := uintptr(0), uintptr(n-1); k < uintptr(n/2); k, e = k+2, e-2 {
+		i, j = frontStep(base, dst, k, i, j)
+		p, q = backStep(base, dst, e, p, q)
+		i, j = frontStep(base, dst, k+1, i, j)
+		p, q = backStep(base, dst, e-1, p, q)
 	}
+}
+
+// frontStep writes the smaller of tmp[i] and tmp[j] (base is tmp) to w[k] (dst is w) and advances the
+// index it took (i on a tie).
+func frontStep(base, dst unsafe.Pointer, k, i, j uintptr) (uintptr, uintptr) {
+	x := *(*uint64)(unsafe.Add(base, i*8))
+	y := *(*uint64)(unsafe.Add(base, j*8))
+	var t uintptr
+	if x <= y {
+		t = 1
+	}
+	*(*uint64)(unsafe.Add(dst, k*8)) = min(x, y)
+	return i + t, j + 1 - t
+}
+
+// backStep writes the larger of tmp[p] and tmp[q] to w[e] and moves back the index it took (q on a tie).
+func backStep(base, dst unsafe.Pointer, e, p, q uintptr) (uintptr, uintptr) {
+	x := *(*uint64)(unsafe.Add(base, p*8))
+	y := *(*uint64)(unsafe.Add(base, q*8))
+	var t uintptr
+	if x > y {
+		t = 1
+	}
+	*(*uint64)(unsafe.Add(dst, e*8)) = max(x, y)
+	return p - t, q - 1 + t
 }
 
 // grow makes the fast path's scratch room for n endpoints (the keys at least 16, for the networks).
@@ -533,8 +567,8 @@ func (r *Ranker) grow(n int) {
 }
 
 // keysCap is the room the fast path's keys need for n endpoints: the keys padded to a multiple of 16
-// (at least 16, for the networks), then sortMerge's scratch (as many again plus two sentinels).
+// (at least 16, for the networks), then sortMerge's scratch (as many again plus four sentinels).
 func keysCap(n int) int {
 	w := max((n+15)&^15, 16)
-	return 2*w + 2
+	return 2*w + 4
 }
