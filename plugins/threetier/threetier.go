@@ -328,20 +328,22 @@ func emit(out []uint32, keys []uint64, items []item, pb uint) ([]uint32, bool) {
 	dst = dst[:len(keys)]
 	base := unsafe.Pointer(unsafe.SliceData(items))
 	var tied uint64
-	posMask := uint64(1)<<pb - 1
+	posMask := uint64(1)<<(pb&63) - 1
 	prev, prevRate := uint64(math.MaxUint64), uint64(0)
 	for j, kk := range keys {
 		// The position bits are < len(items) (classify wrote them).
 		it := (*item)(unsafe.Add(base, uintptr(kk&posMask)*unsafe.Sizeof(item{})))
 		rb := math.Float64bits(it.rate)
-		top := kk >> fieldLow
-		// Three flags combined without && or ||: each short-circuit is a jump in Go's wasm code.
+		// Three flags combined without && or ||: each short-circuit is a jump in Go's wasm code. Keys
+		// equal above bit b differ by less than 1<<b (no shift by the variable pb: in Go's wasm code a
+		// shift by an unbounded count is a compare and a select).
+		d := kk ^ prev
 		var t, u, v uint64
-		if kk>>pb == prev>>pb {
+		if d <= posMask {
 			t = 1
 		}
-		if top == prev>>fieldLow {
-			u = top & rateField
+		if d < 1<<fieldLow {
+			u = kk >> fieldLow & rateField
 		}
 		if rb != prevRate {
 			v = 1

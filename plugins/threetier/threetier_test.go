@@ -370,3 +370,95 @@ func TestRankLargeFleets(t *testing.T) {
 	}
 	t.Logf("fast path %d of %d; branches %v", fast, iters, tiers)
 }
+
+// TestSortMergeEdgeKeys: the two-ended merge at every padded length from 32 to 2,048 keys, with the
+// extreme keys a snapshot can give: 0 (the miss branch's load 0, tie bits 0, position 0, which the
+// merges' low sentinels equal), the largest (group | 2^40−1 above the position) and long runs already
+// in order or reversed, each sorted as slices.Sort sorts it.
+func TestSortMergeEdgeKeys(t *testing.T) {
+	rng := rand.New(rand.NewPCG(20, 48))
+	for n := 17; n <= maxFast; n += 1 + n/16 {
+		for variant := range 4 {
+			posMask := uint64(1)<<posBits(n) - 1
+			all := make([]uint64, keysCap(n))
+			keys := all[:n]
+			for i := range keys {
+				switch variant {
+				case 0: // small loads: many keys with the same high part, key 0 among them
+					keys[i] = uint64(rng.IntN(3))<<posBits(n) | uint64(i)
+				case 1: // ascending
+					keys[i] = uint64(i)
+				case 2: // descending, the largest keys a snapshot can give
+					keys[i] = group | (1<<fieldLow-1)&^posMask | uint64(n-1-i)
+				default: // zero and the largest mixed
+					keys[i] = uint64(i)
+					if rng.IntN(2) == 0 {
+						keys[i] |= group | (1<<fieldLow-1)&^posMask
+					}
+				}
+			}
+			for j := range keys {
+				if keys[j]&posMask == 0 {
+					keys[j] = 0 // position 0's key is 0
+				}
+			}
+			want := slices.Clone(keys)
+			slices.Sort(want)
+			sortMerge(keys, all)
+			if !slices.Equal(keys, want) {
+				t.Fatalf("n=%d variant %d: got %x, want %x", n, variant, keys, want)
+			}
+		}
+	}
+}
+
+// TestRankFleetsTo2048: random snapshots of 1 to 2,049 endpoints (the fast path's whole range and the
+// first size past it) rank exactly as refRank, in all three branches, with the default and two other
+// configs.
+func TestRankFleetsTo2048(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2048, 16))
+	iters := 600
+	if testing.Short() {
+		iters = 150
+	}
+	sizes := []int{1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 1364, 2047, 2048, 2049}
+	cfgs := []Config{DefaultConfig(), {ImbalanceThreshold: 2, MatchThreshold: 0.3, CPUWeight: 0.5},
+		{ImbalanceThreshold: 30, MatchThreshold: 0.05, CPUWeight: 1}}
+	tiers := map[Tier]int{}
+	for iter := range iters {
+		n := 1 + rng.IntN(2049)
+		if iter%3 == 0 {
+			n = sizes[iter/3%len(sizes)]
+		}
+		maxLoad := []int{3, 61, 5000}[iter%3]
+		s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: uint32(rng.IntN(4097)), BlockSize: 16, Seed: rng.Uint64()}}
+		blocks := int(s.Request.PromptTokens / 16)
+		for i := range n {
+			e := sdk.Endpoint{Index: uint32(i), Waiting: uint32(rng.IntN(maxLoad)), InFlightRequests: uint32(rng.IntN(21))}
+			if rng.IntN(8) != 0 {
+				e.Flags = sdk.FlagHealthy
+			}
+			if blocks > 0 && rng.IntN(3) == 0 {
+				m := rng.IntN(blocks + 1)
+				e.GPUBlocks = uint32(rng.IntN(m + 1))
+				e.CPUBlocks = uint32(m) - e.GPUBlocks
+			}
+			if iter%4 == 1 && e.Waiting < uint32(maxLoad)/2 || iter%5 == 2 { // balance; miss
+				e.GPUBlocks, e.CPUBlocks = 0, 0
+			}
+			s.Endpoints = append(s.Endpoints, e)
+		}
+		r := New(cfgs[iter%len(cfgs)])
+		want, wantTier := refRank(r.Config, s)
+		got, gotTier := r.Rank(s, nil)
+		if gotTier != wantTier || !slices.Equal(got, want) {
+			t.Fatalf("iter %d (n=%d, cfg %+v): got %v %v, want %v %v", iter, n, r.Config, gotTier, got, wantTier, want)
+		}
+		tiers[gotTier]++
+	}
+	for _, tr := range []Tier{TierAffinity, TierBalance, TierMiss} {
+		if tiers[tr] < iters/20 {
+			t.Errorf("only %d snapshots took %v: %v", tiers[tr], tr, tiers)
+		}
+	}
+}
