@@ -52,6 +52,12 @@ func (r *ShardedRedisReservations) keys(ep EndpointID) ([]string, error) {
 
 // Reserve implements Reservations: one EVALSHA per candidate tried, in rank order.
 func (r *ShardedRedisReservations) Reserve(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration) (Lease, error) {
+	return r.reserveIn(ctx, ranked, cost, ttl, 0, 0)
+}
+
+// reserveIn is Reserve granting only while the candidate's server time is in [from, to) (ms; 0 =
+// unbounded), else errWindow.
+func (r *ShardedRedisReservations) reserveIn(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration, from, to int64) (Lease, error) {
 	if err := checkReserve(cost, ttl); err != nil {
 		return Lease{}, err
 	}
@@ -63,21 +69,17 @@ func (r *ShardedRedisReservations) Reserve(ctx context.Context, ranked []Candida
 		if err != nil {
 			return Lease{}, err
 		}
-		res, err := scriptResReserve.Run(ctx, r.c, keys, msCeil(ttl), cost.Requests, cost.Tokens,
+		res, err := scriptResReserve.Run(ctx, r.c, keys, msCeil(ttl), cost.Requests, cost.Tokens, from, to,
 			string(c.Endpoint), c.Limits.MaxRequests, c.Limits.MaxTokens).Slice()
 		if err != nil {
 			return Lease{}, fmt.Errorf("kvstore: redis reserve: %w", err)
 		}
-		if len(res) == 0 {
+		id, exp, _, ok, err := reserveReply(res)
+		if err != nil {
+			return Lease{}, err
+		}
+		if !ok {
 			continue // full: the next candidate's slot
-		}
-		if len(res) != 3 {
-			return Lease{}, fmt.Errorf("kvstore: redis reserve: reply of %d elements", len(res))
-		}
-		id, ok1 := res[0].(string)
-		exp, ok2 := res[1].(int64)
-		if !ok1 || !ok2 {
-			return Lease{}, fmt.Errorf("kvstore: redis reserve: unexpected reply %v", res)
 		}
 		return Lease{ID: id + "@" + string(c.Endpoint), Endpoint: c.Endpoint, Cost: cost, Expires: time.UnixMilli(exp)}, nil
 	}
@@ -86,7 +88,7 @@ func (r *ShardedRedisReservations) Reserve(ctx context.Context, ranked []Candida
 
 // split returns a lease's endpoint keys and its number on that endpoint.
 func (r *ShardedRedisReservations) split(l Lease) ([]string, string, error) {
-	i := strings.LastIndexByte(l.ID, '@')
+	i := strings.IndexByte(l.ID, '@') // the number has none; an endpoint ID may
 	if i < 0 {
 		return nil, "", fmt.Errorf("kvstore: lease ID %q is not a sharded reservation's: %w", l.ID, ErrLeaseNotLive)
 	}
