@@ -127,11 +127,22 @@ func (r *ShardedRedisReservations) Release(ctx context.Context, l Lease) error {
 	return nil
 }
 
-// InFlight implements Reservations: one pipeline of a read script (reap, then HGETs) per endpoint.
+// InFlight implements Reservations. On one server without a script when it can: one pipeline of TIME and,
+// per endpoint, its earliest lease expiry (ZRANGE 0 0 WITHSCORES) and an HMGET of its counters, exact when
+// no lease has expired yet (as RedisReservations.InFlight). Otherwise, and always on a Cluster (TIME would
+// come from another node's clock), one pipeline of a read script (reap, then HGETs) per endpoint.
 func (r *ShardedRedisReservations) InFlight(ctx context.Context, eps []EndpointID) (map[EndpointID]Cost, error) {
 	out := make(map[EndpointID]Cost, len(eps))
 	if len(eps) == 0 {
 		return out, nil
+	}
+	switch r.c.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+	default:
+		if ok, err := r.inFlightPlain(ctx, eps, out); ok || err != nil {
+			return out, err
+		}
+		clear(out)
 	}
 	run := func() ([]*redis.Cmd, error) {
 		p := r.c.Pipeline()
@@ -165,4 +176,45 @@ func (r *ShardedRedisReservations) InFlight(ctx context.Context, eps []EndpointI
 		}
 	}
 	return out, nil
+}
+
+// inFlightPlain is InFlight without scripts on one server: ok false (nothing wrong) when a lease has expired
+// unreaped, so only a script can say what still counts.
+func (r *ShardedRedisReservations) inFlightPlain(ctx context.Context, eps []EndpointID, out map[EndpointID]Cost) (bool, error) {
+	p := r.c.Pipeline()
+	tm := p.Time(ctx)
+	firsts := make([]*redis.ZSliceCmd, len(eps))
+	vals := make([]*redis.SliceCmd, len(eps))
+	for i, ep := range eps {
+		keys, err := r.keys(ep)
+		if err != nil {
+			return false, err
+		}
+		firsts[i] = p.ZRangeWithScores(ctx, keys[1], 0, 0)
+		vals[i] = p.HMGet(ctx, keys[0], "r:"+string(ep), "t:"+string(ep))
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return false, nil
+		}
+		return false, fmt.Errorf("kvstore: redis in-flight: %w", err)
+	}
+	now := tm.Val().UnixMilli()
+	for i, ep := range eps {
+		if fs := firsts[i].Val(); len(fs) > 0 && int64(fs[0].Score) <= now {
+			return false, nil
+		}
+		v := vals[i].Val()
+		var c Cost
+		var ok1, ok2 bool
+		c.Requests, ok1 = hashInt(v[0])
+		c.Tokens, ok2 = hashInt(v[1])
+		if !ok1 || !ok2 {
+			return false, fmt.Errorf("kvstore: redis in-flight: malformed counter of %q", ep)
+		}
+		if c != (Cost{}) {
+			out[ep] = c
+		}
+	}
+	return true, nil
 }
