@@ -205,7 +205,7 @@ func (g *Gateway) startStore(o Options) func(ctx context.Context) error {
 		st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: cfg.Store.Kind, Addrs: cfg.Store.Addrs,
 			Cluster: cfg.Store.Cluster, DB: cfg.Store.DB, Username: cfg.Store.Username, Password: o.Secrets.StorePassword,
 			TLS: storeTLS, AllowUnreachable: true, IndexLayout: cfg.Store.IndexLayout, Prefix: cfg.Store.Prefix,
-			MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
+			ReservationLayout: cfg.Store.ReservationLayout, MaxKeys: cfg.IndexMaxEntries, MaxKeysPerEndpoint: cfg.IndexPerEndpointCap()})
 		if err != nil {
 			return fmt.Errorf("gateway: store: %w", err)
 		}

@@ -45,6 +45,7 @@ func TestRedisClusterShardedReservations(t *testing.T) {
 		}
 		conformance.HammerReservations(t, handles)
 	})
+	t.Run("Guarded", func(t *testing.T) { guardedReservationLayouts(t, cl.Addrs[0], true, cl.Client(t)) })
 	spread := func(t *testing.T, r kvstore.Reservations) []int64 {
 		ctx := context.Background()
 		var nodes []*redis.Client

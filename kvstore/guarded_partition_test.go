@@ -112,14 +112,23 @@ func (p *stallProxy) resume() {
 // (the worst case). On the old rules A took its share of the capacity its last read showed free, which B
 // took too (5 running at a limit of 4 here; 7 at 6 was seen in TestMultiGatewayRedis).
 func TestGuardedPartialOutageKeepsLimit(t *testing.T) {
+	for _, l := range []struct {
+		name   string
+		layout int
+	}{{"SingleTag", kvstore.ReservationLayoutFollow}, {"Sharded", kvstore.ReservationLayoutSharded}} {
+		t.Run(l.name, func(t *testing.T) { partialOutageKeepsLimit(t, l.layout) })
+	}
+}
+
+func partialOutageKeepsLimit(t *testing.T, layout int) {
 	srv := redistest.Start(t)
 	proxy := startStallProxy(t, srv.Addr)
 	prefix := freshPrefix()
 	const limit = 4
 	o := kvstore.GuardConfig{DownLimitShare: 1, StrictOnTimeout: true, Timeout: 300 * time.Millisecond, ProbeInterval: 20 * time.Millisecond,
 		RecoveryGrace: 200 * time.Millisecond, Endpoints: func() []kvstore.EndpointID { return []kvstore.EndpointID{"e0"} }}
-	a, _ := redisGuard(t, proxy.Addr(), false, prefix, o)
-	b, _ := redisGuard(t, srv.Addr, false, prefix, o)
+	a, _ := redisGuardLayout(t, proxy.Addr(), false, prefix, layout, o)
+	b, _ := redisGuardLayout(t, srv.Addr, false, prefix, layout, o)
 	cand := []kvstore.Candidate{{Endpoint: "e0", Limits: kvstore.Limits{MaxRequests: limit}}}
 	ctx := context.Background()
 	cost := kvstore.Cost{Requests: 1}

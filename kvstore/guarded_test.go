@@ -68,7 +68,13 @@ func TestGuardedConformanceMemory(t *testing.T) {
 // redisGuard opens a store on addr (its own client, as a gateway) and wraps it with Guarded, the epoch
 // marker as its Remote and the marker's connection check on.
 func redisGuard(t *testing.T, addr string, cluster bool, prefix string, o kvstore.GuardConfig) (*kvstore.Guarded, *kvstore.Store) {
-	st, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Addrs: []string{addr}, Cluster: cluster, Prefix: prefix})
+	return redisGuardLayout(t, addr, cluster, prefix, kvstore.ReservationLayoutFollow, o)
+}
+
+// redisGuardLayout is redisGuard with the store's reservation layout (StoreConfig.ReservationLayout).
+func redisGuardLayout(t *testing.T, addr string, cluster bool, prefix string, layout int, o kvstore.GuardConfig) (*kvstore.Guarded, *kvstore.Store) {
+	st, err := kvstore.OpenStore(context.Background(), kvstore.StoreConfig{Kind: "redis", Addrs: []string{addr}, Cluster: cluster, Prefix: prefix,
+		ReservationLayout: layout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +120,40 @@ func TestGuardedConformanceRedis(t *testing.T) {
 		}
 		conformance.HammerReservations(t, handles)
 	})
+	guardedReservationLayouts(t, srv.Addr, false, srv.Client(t))
+}
+
+// guardedReservationLayouts runs the reservations conformance suite and the three-gateway hammer on
+// Guarded over the sharded reservations (store.reservation_layout 2) and over the layout-following ones
+// mid-switch (marker raised, a single-tag lease still running).
+func guardedReservationLayouts(t *testing.T, addr string, cluster bool, c redis.UniversalClient) {
+	for _, l := range []struct {
+		name   string
+		layout int
+		setup  func(t *testing.T, c redis.UniversalClient, prefix string)
+	}{
+		{"Sharded", kvstore.ReservationLayoutSharded, func(*testing.T, redis.UniversalClient, string) {}},
+		{"Switching", kvstore.ReservationLayoutFollow, reservationLayoutStates[1].setup},
+	} {
+		t.Run(l.name+"Reservations", func(t *testing.T) {
+			conformance.RunReservations(t, func(t *testing.T) kvstore.Reservations {
+				p := freshPrefix()
+				l.setup(t, c, p)
+				g, _ := redisGuardLayout(t, addr, cluster, p, l.layout, conformanceGuard)
+				return g
+			})
+		})
+		t.Run(l.name+"HammerThreeGateways", func(t *testing.T) {
+			p := freshPrefix()
+			l.setup(t, c, p)
+			var handles []kvstore.Reservations
+			for range 3 {
+				g, _ := redisGuardLayout(t, addr, cluster, p, l.layout, conformanceGuard)
+				handles = append(handles, g)
+			}
+			conformance.HammerReservations(t, handles)
+		})
+	}
 }
 
 // The epoch marker honours the key prefix: two fleets on one Redis (two prefixes) have their own epochs,
@@ -306,17 +346,29 @@ func memoryOutageStore(t *testing.T) *outageStore {
 }
 
 func redisOutageStore(t *testing.T) *outageStore {
+	return redisOutageStoreLayout(t, kvstore.ReservationLayoutFollow)
+}
+
+// redisOutageStoreLayout is redisOutageStore with the store's reservation layout; raw reads the layout's
+// own counters.
+func redisOutageStoreLayout(t *testing.T, layout int) *outageStore {
 	srv := redistest.Start(t)
 	prefix := freshPrefix()
 	var stopped atomic.Bool
 	return &outageStore{
 		name: "redis",
 		open: func(t *testing.T, o kvstore.GuardConfig) *kvstore.Guarded {
-			g, _ := redisGuard(t, srv.Addr, false, prefix, o)
+			g, _ := redisGuardLayout(t, srv.Addr, false, prefix, layout, o)
 			return g
 		},
 		raw: func(t *testing.T) kvstore.Reservations {
-			r, err := kvstore.NewRedisReservations(srv.Client(t), kvstore.RedisConfig{Prefix: prefix})
+			var r kvstore.Reservations
+			var err error
+			if layout == kvstore.ReservationLayoutSharded {
+				r, err = kvstore.NewShardedRedisReservations(srv.Client(t), kvstore.RedisConfig{Prefix: prefix})
+			} else {
+				r, err = kvstore.NewRedisReservations(srv.Client(t), kvstore.RedisConfig{Prefix: prefix})
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -339,6 +391,13 @@ func redisOutageStore(t *testing.T) *outageStore {
 func TestGuardedOutageMemory(t *testing.T) { runOutageSuite(t, memoryOutageStore) }
 
 func TestGuardedOutageRedis(t *testing.T) { runOutageSuite(t, redisOutageStore) }
+
+// TestGuardedOutageRedisSharded is the outage suite over the sharded reservations (reservation_layout 2).
+func TestGuardedOutageRedisSharded(t *testing.T) {
+	runOutageSuite(t, func(t *testing.T) *outageStore {
+		return redisOutageStoreLayout(t, kvstore.ReservationLayoutSharded)
+	})
+}
 
 // fleetOf is n gateways' Guarded on one store, sharing one endpoint of the given limit.
 type fleetOf struct {

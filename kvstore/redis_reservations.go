@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"time"
@@ -10,23 +9,44 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// The reservation scripts: the reap prologue (scripts/res_reap.lua) and the call's own file.
 var (
-	//go:embed scripts/res_reap.lua
-	luaResReap string
-	//go:embed scripts/res_reserve.lua
-	luaResReserve string
-	//go:embed scripts/res_renew.lua
-	luaResRenew string
-	//go:embed scripts/res_release.lua
-	luaResRelease string
-	//go:embed scripts/res_inflight.lua
-	luaResInFlight string
-
-	scriptResReserve  = redis.NewScript(luaResReap + luaResReserve)
-	scriptResRenew    = redis.NewScript(luaResReap + luaResRenew)
-	scriptResRelease  = redis.NewScript(luaResReap + luaResRelease)
-	scriptResInFlight = redis.NewScript(luaResReap + luaResInFlight)
+	scriptResReserve  = script("res_reap", "res_reserve")
+	scriptResRenew    = script("res_reap", "res_renew")
+	scriptResRelease  = script("res_reap", "res_release")
+	scriptResInFlight = script("res_reap", "res_inflight")
+	scriptResMarker   = script("res_marker")
 )
+
+// errWindow is the reserve script's answer outside the server-time window it was given (the
+// reservation-layout switch, LayoutRedisReservations): nothing was granted; now is the server's time (ms).
+type errWindow struct{ now int64 }
+
+func (e errWindow) Error() string {
+	return fmt.Sprintf("kvstore: reservation layout switched (server time %d ms)", e.now)
+}
+
+// reserveReply parses the reserve script's reply: the lease ID, its expiry and the candidate number
+// (from 1); ok false when every candidate was full; errWindow outside the window.
+func reserveReply(res []any) (id string, exp, cand int64, ok bool, err error) {
+	switch len(res) {
+	case 0:
+		return "", 0, 0, false, nil
+	case 2:
+		if w, _ := res[0].(string); w == "window" {
+			now, _ := res[1].(int64)
+			return "", 0, 0, false, errWindow{now: now}
+		}
+	case 3:
+		id, ok1 := res[0].(string)
+		exp, ok2 := res[1].(int64)
+		cand, ok3 := res[2].(int64)
+		if ok1 && ok2 && ok3 {
+			return id, exp, cand, true, nil
+		}
+	}
+	return "", 0, 0, false, fmt.Errorf("kvstore: redis reserve: unexpected reply %v", res)
+}
 
 // RedisReservations is the Redis Reservations: every call is one Lua script that first reads the server
 // clock (TIME) and drops expired leases, so leases expire on Redis's clock whatever the gateways' clocks
@@ -57,11 +77,17 @@ func msCeil(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / t
 
 // Reserve implements Reservations (one EVALSHA).
 func (r *RedisReservations) Reserve(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration) (Lease, error) {
+	return r.reserveIn(ctx, ranked, cost, ttl, 0, 0)
+}
+
+// reserveIn is Reserve granting only while the server's time is in [from, to) (ms; 0 = unbounded), else
+// errWindow.
+func (r *RedisReservations) reserveIn(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration, from, to int64) (Lease, error) {
 	if err := checkReserve(cost, ttl); err != nil {
 		return Lease{}, err
 	}
-	args := make([]any, 0, 3+3*len(ranked))
-	args = append(args, msCeil(ttl), cost.Requests, cost.Tokens)
+	args := make([]any, 0, 5+3*len(ranked))
+	args = append(args, msCeil(ttl), cost.Requests, cost.Tokens, from, to)
 	n := 0
 	for _, c := range ranked {
 		if c.Endpoint == "" {
@@ -77,20 +103,18 @@ func (r *RedisReservations) Reserve(ctx context.Context, ranked []Candidate, cos
 	if err != nil {
 		return Lease{}, fmt.Errorf("kvstore: redis reserve: %w", err)
 	}
-	if len(res) == 0 {
+	id, exp, i, ok, err := reserveReply(res)
+	if err != nil {
+		return Lease{}, err
+	}
+	if !ok {
 		return Lease{}, ErrNoCapacity
 	}
-	if len(res) != 3 {
-		return Lease{}, fmt.Errorf("kvstore: redis reserve: reply of %d elements", len(res))
-	}
-	id, ok1 := res[0].(string)
-	exp, ok2 := res[1].(int64)
-	i, ok3 := res[2].(int64)
 	i-- // the script numbers candidates from 1
-	if !ok1 || !ok2 || !ok3 || i < 0 || int(i) >= n {
-		return Lease{}, fmt.Errorf("kvstore: redis reserve: unexpected reply %v", res)
+	if i < 0 || int(i) >= n {
+		return Lease{}, fmt.Errorf("kvstore: redis reserve: candidate %d of %d", i+1, n)
 	}
-	ep := EndpointID(args[3+3*i].(string))
+	ep := EndpointID(args[5+3*i].(string))
 	return Lease{ID: id, Endpoint: ep, Cost: cost, Expires: time.UnixMilli(exp)}, nil
 }
 

@@ -52,6 +52,12 @@ func (r *ShardedRedisReservations) keys(ep EndpointID) ([]string, error) {
 
 // Reserve implements Reservations: one EVALSHA per candidate tried, in rank order.
 func (r *ShardedRedisReservations) Reserve(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration) (Lease, error) {
+	return r.reserveIn(ctx, ranked, cost, ttl, 0, 0)
+}
+
+// reserveIn is Reserve granting only while the candidate's server time is in [from, to) (ms; 0 =
+// unbounded), else errWindow.
+func (r *ShardedRedisReservations) reserveIn(ctx context.Context, ranked []Candidate, cost Cost, ttl time.Duration, from, to int64) (Lease, error) {
 	if err := checkReserve(cost, ttl); err != nil {
 		return Lease{}, err
 	}
@@ -63,21 +69,17 @@ func (r *ShardedRedisReservations) Reserve(ctx context.Context, ranked []Candida
 		if err != nil {
 			return Lease{}, err
 		}
-		res, err := scriptResReserve.Run(ctx, r.c, keys, msCeil(ttl), cost.Requests, cost.Tokens,
+		res, err := scriptResReserve.Run(ctx, r.c, keys, msCeil(ttl), cost.Requests, cost.Tokens, from, to,
 			string(c.Endpoint), c.Limits.MaxRequests, c.Limits.MaxTokens).Slice()
 		if err != nil {
 			return Lease{}, fmt.Errorf("kvstore: redis reserve: %w", err)
 		}
-		if len(res) == 0 {
+		id, exp, _, ok, err := reserveReply(res)
+		if err != nil {
+			return Lease{}, err
+		}
+		if !ok {
 			continue // full: the next candidate's slot
-		}
-		if len(res) != 3 {
-			return Lease{}, fmt.Errorf("kvstore: redis reserve: reply of %d elements", len(res))
-		}
-		id, ok1 := res[0].(string)
-		exp, ok2 := res[1].(int64)
-		if !ok1 || !ok2 {
-			return Lease{}, fmt.Errorf("kvstore: redis reserve: unexpected reply %v", res)
 		}
 		return Lease{ID: id + "@" + string(c.Endpoint), Endpoint: c.Endpoint, Cost: cost, Expires: time.UnixMilli(exp)}, nil
 	}
@@ -86,7 +88,7 @@ func (r *ShardedRedisReservations) Reserve(ctx context.Context, ranked []Candida
 
 // split returns a lease's endpoint keys and its number on that endpoint.
 func (r *ShardedRedisReservations) split(l Lease) ([]string, string, error) {
-	i := strings.LastIndexByte(l.ID, '@')
+	i := strings.IndexByte(l.ID, '@') // the number has none; an endpoint ID may
 	if i < 0 {
 		return nil, "", fmt.Errorf("kvstore: lease ID %q is not a sharded reservation's: %w", l.ID, ErrLeaseNotLive)
 	}
@@ -125,11 +127,22 @@ func (r *ShardedRedisReservations) Release(ctx context.Context, l Lease) error {
 	return nil
 }
 
-// InFlight implements Reservations: one pipeline of a read script (reap, then HGETs) per endpoint.
+// InFlight implements Reservations. On one server without a script when it can: one pipeline of TIME and,
+// per endpoint, its earliest lease expiry (ZRANGE 0 0 WITHSCORES) and an HMGET of its counters, exact when
+// no lease has expired yet (as RedisReservations.InFlight). Otherwise, and always on a Cluster (TIME would
+// come from another node's clock), one pipeline of a read script (reap, then HGETs) per endpoint.
 func (r *ShardedRedisReservations) InFlight(ctx context.Context, eps []EndpointID) (map[EndpointID]Cost, error) {
 	out := make(map[EndpointID]Cost, len(eps))
 	if len(eps) == 0 {
 		return out, nil
+	}
+	switch r.c.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+	default:
+		if ok, err := r.inFlightPlain(ctx, eps, out); ok || err != nil {
+			return out, err
+		}
+		clear(out)
 	}
 	run := func() ([]*redis.Cmd, error) {
 		p := r.c.Pipeline()
@@ -163,4 +176,45 @@ func (r *ShardedRedisReservations) InFlight(ctx context.Context, eps []EndpointI
 		}
 	}
 	return out, nil
+}
+
+// inFlightPlain is InFlight without scripts on one server: ok false (nothing wrong) when a lease has expired
+// unreaped, so only a script can say what still counts.
+func (r *ShardedRedisReservations) inFlightPlain(ctx context.Context, eps []EndpointID, out map[EndpointID]Cost) (bool, error) {
+	p := r.c.Pipeline()
+	tm := p.Time(ctx)
+	firsts := make([]*redis.ZSliceCmd, len(eps))
+	vals := make([]*redis.SliceCmd, len(eps))
+	for i, ep := range eps {
+		keys, err := r.keys(ep)
+		if err != nil {
+			return false, err
+		}
+		firsts[i] = p.ZRangeWithScores(ctx, keys[1], 0, 0)
+		vals[i] = p.HMGet(ctx, keys[0], "r:"+string(ep), "t:"+string(ep))
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return false, nil
+		}
+		return false, fmt.Errorf("kvstore: redis in-flight: %w", err)
+	}
+	now := tm.Val().UnixMilli()
+	for i, ep := range eps {
+		if fs := firsts[i].Val(); len(fs) > 0 && int64(fs[0].Score) <= now {
+			return false, nil
+		}
+		v := vals[i].Val()
+		var c Cost
+		var ok1, ok2 bool
+		c.Requests, ok1 = hashInt(v[0])
+		c.Tokens, ok2 = hashInt(v[1])
+		if !ok1 || !ok2 {
+			return false, fmt.Errorf("kvstore: redis in-flight: malformed counter of %q", ep)
+		}
+		if c != (Cost{}) {
+			out[ep] = c
+		}
+	}
+	return true, nil
 }

@@ -34,11 +34,13 @@ type StoreConfig struct {
 	MaxKeysPerEndpoint int
 	// Now is the memory backends' clock (nil means time.Now).
 	Now func() time.Time
-	// ShardedReservations selects the reservations layout sharded by endpoint (ShardedRedisReservations:
-	// one hash tag per endpoint, spread over a Cluster's masters) instead of the single {res} tag. Every
-	// gateway of one Redis must use the same layout (kvstore/RATIONALE.md, "Reservations on Redis Cluster":
-	// the switch is meant to follow the store's layout version key).
-	ShardedReservations bool
+	// ReservationLayout selects the Redis reservations' key layout: 0 (ReservationLayoutFollow, the
+	// default) follows the store's marker <Prefix>:v1:reservation-layout (LayoutRedisReservations: the
+	// single {res} tag until the operator raises it, then one tag per endpoint), 1 the single tag only
+	// (RedisReservations, the layout of older releases), 2 the sharded layout only
+	// (ShardedRedisReservations: a fleet with no older gateway). kvstore/RATIONALE.md, "Reservations on
+	// Redis Cluster".
+	ReservationLayout int
 	// AllowUnreachable makes OpenStore return a Redis store even when the first ping fails (Store.StartErr
 	// says why); its calls fail until Redis answers, and the client connects by itself when it does.
 	AllowUnreachable bool
@@ -50,7 +52,8 @@ type Store struct {
 	Kind string
 	// Index is the KV block index (MemoryIndex or RedisIndex).
 	Index Index
-	// Reservations leases endpoint capacity (MemoryReservations or RedisReservations).
+	// Reservations leases endpoint capacity (MemoryReservations; on Redis LayoutRedisReservations,
+	// RedisReservations or ShardedRedisReservations, by StoreConfig.ReservationLayout).
 	Reservations Reservations
 	// Blobs holds policy blobs and active values (MemoryBlobs or RedisBlobs).
 	Blobs Blobs
@@ -117,10 +120,15 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	idx, err1 := NewRedisIndex(c, RedisConfig{Prefix: cfg.Prefix, MaxEntriesPerEndpoint: cfg.MaxKeysPerEndpoint, IndexLayout: cfg.IndexLayout})
 	var res Reservations
 	var err2 error
-	if cfg.ShardedReservations {
-		res, err2 = NewShardedRedisReservations(c, rc)
-	} else {
+	switch cfg.ReservationLayout {
+	case ReservationLayoutFollow:
+		res, err2 = NewLayoutRedisReservations(c, rc)
+	case ReservationLayoutSingle:
 		res, err2 = NewRedisReservations(c, rc)
+	case ReservationLayoutSharded:
+		res, err2 = NewShardedRedisReservations(c, rc)
+	default:
+		err2 = fmt.Errorf("kvstore: reservation layout %d (want 0, 1 or 2): %w", cfg.ReservationLayout, ErrInvalidArgument)
 	}
 	bl, err3 := NewRedisBlobs(c, rc)
 	if err := errors.Join(err1, err2, err3); err != nil {
@@ -157,6 +165,9 @@ func (s *Store) Close() error {
 	}
 	if ri, ok := s.Index.(*RedisIndex); ok {
 		_ = ri.Close() // its subscription to the shared speculative records
+	}
+	if lr, ok := s.Reservations.(*LayoutRedisReservations); ok {
+		_ = lr.Close() // its reads of the reservation-layout marker
 	}
 	return s.Redis.Close()
 }

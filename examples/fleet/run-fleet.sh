@@ -40,7 +40,7 @@ cat >"$cfg" <<YAML
 # Written by examples/fleet/run-fleet.sh: two gateways (--listen gives each its port) on one Redis.
 listen: "127.0.0.1:$GW"
 admin_token_env: KVGATE_ADMIN_TOKEN
-store: {kind: redis, addrs: ["127.0.0.1:$RP"], index_layout: 2}   # a new fleet: no older gateway to share layout 1 with
+store: {kind: redis, addrs: ["127.0.0.1:$RP"], index_layout: 2, reservation_layout: 2}   # a new fleet: no older gateway to share the old layouts with
 store_down_limit_share: 0.5          # each of the two gateways keeps half of every limit while Redis is down
 models:
   - name: qwen3

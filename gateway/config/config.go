@@ -220,6 +220,11 @@ type Store struct {
 	// the store's marker — layout 1 read and both written until the marker says 2, then layout 2 — 1 is
 	// the layout of releases before layout 2, 2 is layout 2 only (a fleet with no older gateway).
 	IndexLayout int `yaml:"index_layout"`
+	// ReservationLayout is the Redis reservations' key layout (kvstore.StoreConfig.ReservationLayout): 0
+	// (default) follows the store's marker — the single {res} tag until the marker is raised, then one tag
+	// per endpoint, switched at one instant on Redis's clock — 1 is the single tag of older releases, 2
+	// the sharded layout only (a fleet with no older gateway).
+	ReservationLayout int `yaml:"reservation_layout"`
 	// Prefix starts every key the gateway writes (index, reservations, fleet state, leases, epoch, TPU
 	// slices, pub/sub channels): fleets with different prefixes share one Redis without seeing each other.
 	// Redis only; letters, digits and "_-.:" (no hash-tag braces), at most 64 bytes (empty:
@@ -567,6 +572,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Store.IndexLayout < 0 || c.Store.IndexLayout > 2 {
 		bad("store.index_layout", "must be 0 (follow the store), 1 or 2, got %d", c.Store.IndexLayout)
+	}
+	if c.Store.ReservationLayout < 0 || c.Store.ReservationLayout > 2 {
+		bad("store.reservation_layout", "must be 0 (follow the store), 1 or 2, got %d", c.Store.ReservationLayout)
 	}
 	if c.IndexMaxEntries < 0 {
 		bad("index_max_entries", "must not be negative, got %d", c.IndexMaxEntries)

@@ -88,6 +88,7 @@ func TestValidationNamesKeyPath(t *testing.T) {
 		{"data parallel size max", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 65}", 1), "models[0].endpoints[0].data_parallel_size"},
 		{"data parallel ipc", strings.Replace(minimal, "max_inflight_requests: 4}", "max_inflight_requests: 4, data_parallel_size: 2, kv_events: \"ipc:///tmp/x\"}", 1), "models[0].endpoints[0].kv_events"},
 		{"rank-like id", strings.Replace(minimal, "id: e0", "id: e0/dp1", 1), "models[0].endpoints[0].id"},
+		{"reservation layout", "store: {kind: redis, addrs: [\"127.0.0.1:6379\"], reservation_layout: 3}\n" + minimal, "store.reservation_layout"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,7 +1,12 @@
--- Reserve. ARGV[1]: ttl ms; ARGV[2]: request cost; ARGV[3]: token cost; then per candidate, in rank order:
--- endpoint, max requests, max tokens (0 = unlimited). Returns {lease ID, expiry ms, candidate number} or {}.
+-- Reserve. ARGV[1]: ttl ms; ARGV[2]: request cost; ARGV[3]: token cost; ARGV[4], ARGV[5]: the server time
+-- window (ms, 0 = unbounded) this layout may grant in: not before ARGV[4], not at or after ARGV[5] (the
+-- reservation-layout switch); then per candidate, in rank order: endpoint, max requests, max tokens
+-- (0 = unlimited). Returns {lease ID, expiry ms, candidate number}, {} when every candidate is full, or
+-- {'window', now} outside the window.
 local ttl, req, tok = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-for i = 4, #ARGV, 3 do
+local from, to = tonumber(ARGV[4]), tonumber(ARGV[5])
+if (from > 0 and now < from) or (to > 0 and now >= to) then return {'window', now} end
+for i = 6, #ARGV, 3 do
   local ep, mr, mt = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local r = tonumber(redis.call('HGET', KEYS[1], 'r:' .. ep) or '0')
   local k = tonumber(redis.call('HGET', KEYS[1], 't:' .. ep) or '0')
@@ -12,7 +17,7 @@ for i = 4, #ARGV, 3 do
     if tok > 0 then redis.call('HSET', KEYS[1], 't:' .. ep, k + tok) end
     redis.call('HSET', KEYS[3], id, string.format('%d %d %s', req, tok, ep))
     redis.call('ZADD', KEYS[2], exp, id)
-    return {id, exp, (i - 1) / 3}
+    return {id, exp, (i - 3) / 3}
   end
 end
 return {}
