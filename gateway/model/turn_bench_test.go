@@ -1,7 +1,6 @@
 package model
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -37,7 +36,7 @@ type chatMsg struct {
 // Each iteration starts from a fresh Model whose caches saw the previous request of the conversation
 // (untimed, followed by a runtime.GC so the setup's garbage does not land on the timed stages), then times the new request's stages one after the other:
 //   - chat: body-µs (openai.ParseRequest: the body decoded, the chat request included), render-µs
-//     (RenderRequest), tokenize-µs (EncodePrompt), hash-µs (block keys, 16 tokens a block), splice-µs
+//     (the Model's render: RenderRequestCached through its rendered-prompt cache), tokenize-µs (EncodePrompt), hash-µs (block keys, 16 tokens a block), splice-µs
 //     (upstream.ChatBody, prompt_token_ids);
 //   - completion: body-µs, tokenize-µs (EncodeCompletion), hash-µs (a completions body gets its IDs
 //     from upstream.Body, not timed here);
@@ -110,7 +109,7 @@ func BenchmarkNewTurn(b *testing.B) {
 							b.Fatal(err)
 						}
 						t1 := time.Now()
-						prompt, err := tmpl.RenderRequest(context.Background(), req.Chat)
+						prompt, err := md.render(req.Chat)
 						if err != nil {
 							b.Fatal(err)
 						}
