@@ -50,7 +50,7 @@ type Model struct {
 	tmpl        Renderer // nil: completions only
 	segs        *segmentCache
 	prefixes    *prefixCache
-	completions *prefixCache // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
+	completions *prefixCache              // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
 	prompts     *chattemplate.PromptCache // recent native renders (nil: none), see render
 }
 
