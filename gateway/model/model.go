@@ -52,6 +52,7 @@ type Model struct {
 	prefixes    *prefixCache
 	completions *prefixCache              // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
 	prompts     *chattemplate.PromptCache // recent native renders (nil: none), see render
+	idText      *idTextCache              // JSON text of returned ID arrays (nil: none), see AppendIDsJSON
 }
 
 // DefaultSegmentCacheBytes bounds the segment cache of a Model built by Load or New: the text of the
@@ -80,10 +81,11 @@ type Options struct {
 	PrefixCacheBytes     int // bytes of cached conversation prefixes; default DefaultPrefixCacheBytes
 	CompletionCacheBytes int // bytes of cached completions prompt prefixes; default DefaultCompletionCacheBytes
 	RenderCacheBytes     int // bytes of cached rendered prompts; default DefaultRenderCacheBytes
+	IDTextCacheBytes     int // bytes of cached token-ID JSON text; default DefaultIDTextCacheBytes
 }
 
-func (o Options) limits() (segs, prefixes, completions, renders int) {
-	segs, prefixes, completions, renders = o.SegmentCacheBytes, o.PrefixCacheBytes, o.CompletionCacheBytes, o.RenderCacheBytes
+func (o Options) limits() (segs, prefixes, completions, renders, idText int) {
+	segs, prefixes, completions, renders, idText = o.SegmentCacheBytes, o.PrefixCacheBytes, o.CompletionCacheBytes, o.RenderCacheBytes, o.IDTextCacheBytes
 	if segs == 0 {
 		segs = DefaultSegmentCacheBytes
 	}
@@ -96,7 +98,10 @@ func (o Options) limits() (segs, prefixes, completions, renders int) {
 	if renders == 0 {
 		renders = DefaultRenderCacheBytes
 	}
-	return max(segs, 0), max(prefixes, 0), max(completions, 0), max(renders, 0)
+	if idText == 0 {
+		idText = DefaultIDTextCacheBytes
+	}
+	return max(segs, 0), max(prefixes, 0), max(completions, 0), max(renders, 0), max(idText, 0)
 }
 
 // minCachedSegment is the length below which a segment is encoded directly (the tokenizer's word cache
@@ -109,9 +114,9 @@ func New(tok *tokenizer.Tokenizer, tmpl Renderer) *Model { return NewWithOptions
 
 // NewWithOptions is New with explicit cache sizes.
 func NewWithOptions(tok *tokenizer.Tokenizer, tmpl Renderer, opts Options) *Model {
-	segs, prefixes, completions, renders := opts.limits()
+	segs, prefixes, completions, renders, idText := opts.limits()
 	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(segs), prefixes: newPrefixCache(prefixes),
-		completions: newPrefixCache(completions), prompts: chattemplate.NewPromptCache(renders)}
+		completions: newPrefixCache(completions), prompts: chattemplate.NewPromptCache(renders), idText: newIDTextCache(idText)}
 }
 
 // Tokenizer returns the model's tokenizer.

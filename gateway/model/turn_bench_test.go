@@ -37,7 +37,7 @@ type chatMsg struct {
 // (untimed, followed by a runtime.GC so the setup's garbage does not land on the timed stages), then times the new request's stages one after the other:
 //   - chat: body-µs (openai.ParseRequest: the body decoded, the chat request included), render-µs
 //     (the Model's render: RenderRequestCached through its rendered-prompt cache), tokenize-µs (EncodePrompt), hash-µs (block keys, 16 tokens a block), splice-µs
-//     (upstream.ChatBody, prompt_token_ids);
+//     (Model.AppendIDsJSON then upstream.ChatBodyJSON, prompt_token_ids, as the gateway's engineBody);
 //   - completion: body-µs, tokenize-µs (EncodeCompletion), hash-µs (a completions body gets its IDs
 //     from upstream.Body, not timed here);
 //   - new-µs: Encode of the turn's new text alone (the rendered prompt's bytes after the previous
@@ -87,10 +87,13 @@ func BenchmarkNewTurn(b *testing.B) {
 					var prevBody, newBody []byte
 					if api == "chat" {
 						prevBody, newBody = chatBody(b, msgs), chatBody(b, next)
-						prevPrompt, _, err = md.EncodeChat(prevBody)
+						var prevIDs []uint32
+						prevPrompt, prevIDs, err = md.EncodeChat(prevBody)
 						if err != nil {
 							b.Fatal(err)
 						}
+						// The previous request went to the engine with its IDs, as the gateway sends it.
+						upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, prevBody, md.AppendIDsJSON(nil, prevIDs))
 					} else {
 						prevPrompt, newPrompt = completionPrompt(msgs), completionPrompt(next)
 						prevBody, newBody = completionBody(b, prevPrompt), completionBody(b, newPrompt)
@@ -133,7 +136,8 @@ func BenchmarkNewTurn(b *testing.B) {
 					t5 := time.Now()
 					hash = append(hash, t5.Sub(t4))
 					if api == "chat" {
-						out, _ := upstream.ChatBody(config.ChatTokenIDsPromptTokenIDs, newBody, ids)
+						// As the gateway's engineBody: the IDs' text through the Model's cache, then spliced.
+						out, _ := upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, newBody, md.AppendIDsJSON(nil, ids))
 						splice = append(splice, time.Since(t5))
 						_ = out
 					}
