@@ -103,7 +103,7 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 	}
 	var idsJSON []byte
 	if f != nil {
-		idsJSON = f.AppendIDsJSON((*buf)[:0], p.IDs)
+		idsJSON = f.AppendIDsJSON((*buf)[:0], p.IDs, openai.AppendIDs)
 	} else {
 		idsJSON = openai.AppendIDs((*buf)[:0], p.IDs)
 	}
@@ -124,7 +124,7 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 // openai.AppendIDs, with the same text (gateway/model.Model: a conversation's next turn formats only its
 // new IDs).
 type idsJSONAppender interface {
-	AppendIDsJSON(dst []byte, ids []uint32) []byte
+	AppendIDsJSON(dst []byte, ids []uint32, format func(dst []byte, ids []uint32) []byte) []byte
 }
 
 // idsJSONPool holds the buffers (*[]byte) engineBody writes a chat's token IDs into before splicing them

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"unsafe"
 	"weak"
-
-	"github.com/kvgate/kvgate/gateway/openai"
 )
 
 // DefaultIDTextCacheBytes bounds the token-ID text cache of a Model built by Load or New (AppendIDsJSON):
@@ -46,17 +44,19 @@ func newIDTextCache(limit int) *idTextCache {
 	return &idTextCache{byBase: map[weak.Pointer[uint32]]*idTextEntry{}, limit: limit}
 }
 
-// AppendIDsJSON appends ids as a JSON array to dst, exactly openai.AppendIDs(dst, ids). ids must be a
+// AppendIDsJSON appends ids as a JSON array to dst, exactly format(dst, ids), where format is
+// openai.AppendIDs (passed in: gateway/openai's tests import this package) or any function writing "["
+// then the IDs in decimal joined by "," then "]". ids must be a
 // result of this Model's EncodeChat, EncodeChatRequest, EncodePrompt or EncodeCompletion (read-only, as
 // they document): the text of the array they are a view of is cached, and a later, longer view of the
 // same array (the conversation's next turn, appended in place) formats only the IDs after the cached
 // ones. The cache is exact because those arrays are never written below the length of any view returned
 // (model RATIONALE.md); a slice from elsewhere that is later modified would make the text stale, so other
 // callers use openai.AppendIDs.
-func (m *Model) AppendIDsJSON(dst []byte, ids []uint32) []byte {
+func (m *Model) AppendIDsJSON(dst []byte, ids []uint32, format func(dst []byte, ids []uint32) []byte) []byte {
 	c := m.idText
 	if c == nil || len(ids) == 0 {
-		return openai.AppendIDs(dst, ids)
+		return format(dst, ids)
 	}
 	base := weak.Make(unsafe.SliceData(ids))
 	c.mu.Lock()
@@ -75,10 +75,10 @@ func (m *Model) AppendIDsJSON(dst []byte, ids []uint32) []byte {
 	case n > 0:
 		dst = append(dst, text...)
 		p := len(dst)
-		dst = openai.AppendIDs(dst, ids[n:])
-		dst[p] = ',' // AppendIDs's "[" continues the cached text
+		dst = format(dst, ids[n:])
+		dst[p] = ',' // format's "[" continues the cached text
 	default:
-		dst = openai.AppendIDs(dst, ids)
+		dst = format(dst, ids)
 	}
 	out := dst[start : len(dst)-1] // without "]"
 	c.mu.Lock()

@@ -23,7 +23,7 @@ func idTextTraffic(t *testing.T, md *Model, bench string, seed uint64, steps int
 	var convs []conv
 	var results [][]uint32
 	check := func(step int, ids []uint32) {
-		got, want := md.AppendIDsJSON([]byte("x"), ids), openai.AppendIDs([]byte("x"), ids)
+		got, want := md.AppendIDsJSON([]byte("x"), ids, openai.AppendIDs), openai.AppendIDs([]byte("x"), ids)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("seed %d step %d: AppendIDsJSON of %d IDs differs from AppendIDs", seed, step, len(ids))
 		}
@@ -98,14 +98,14 @@ func TestAppendIDsJSONNextTurnExtends(t *testing.T) {
 	render := layouts["qwen3"]
 	msgs := []string{bench[:40000]} // ~10k tokens: the arena has room for the turns below
 	prev := md.EncodePrompt(render("sys", msgs))
-	md.AppendIDsJSON(nil, prev)
+	md.AppendIDsJSON(nil, prev, openai.AppendIDs)
 	for i := range 5 {
 		msgs = append(msgs, bench[40000+i*1000:40500+i*1000], bench[40500+i*1000:41000+i*1000])
 		ids := md.EncodePrompt(render("sys", msgs))
 		if &ids[0] != &prev[0] {
 			t.Fatal("the arena was reallocated; the test assumes an in-place extension")
 		}
-		if got := md.AppendIDsJSON(nil, ids); !bytes.Equal(got, openai.AppendIDs(nil, ids)) {
+		if got := md.AppendIDsJSON(nil, ids, openai.AppendIDs); !bytes.Equal(got, openai.AppendIDs(nil, ids)) {
 			t.Fatal("text differs")
 		}
 		c := md.idText

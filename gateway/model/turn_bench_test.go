@@ -93,7 +93,7 @@ func BenchmarkNewTurn(b *testing.B) {
 							b.Fatal(err)
 						}
 						// The previous request went to the engine with its IDs, as the gateway sends it.
-						upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, prevBody, md.AppendIDsJSON(nil, prevIDs))
+						upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, prevBody, md.AppendIDsJSON(nil, prevIDs, openai.AppendIDs))
 					} else {
 						prevPrompt, newPrompt = completionPrompt(msgs), completionPrompt(next)
 						prevBody, newBody = completionBody(b, prevPrompt), completionBody(b, newPrompt)
@@ -137,7 +137,7 @@ func BenchmarkNewTurn(b *testing.B) {
 					hash = append(hash, t5.Sub(t4))
 					if api == "chat" {
 						// As the gateway's engineBody: the IDs' text through the Model's cache, then spliced.
-						out, _ := upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, newBody, md.AppendIDsJSON(nil, ids))
+						out, _ := upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, newBody, md.AppendIDsJSON(nil, ids, openai.AppendIDs))
 						splice = append(splice, time.Since(t5))
 						_ = out
 					}
