@@ -96,7 +96,22 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 		t.guard.Skipped(c.ID, skip)
 		return body, nil
 	}
-	out, skip := upstream.ChatBody(mode, body, p.IDs)
+	buf := idsJSONPool.Get().(*[]byte)
+	var f idsJSONAppender
+	if p.Model != nil {
+		f, _ = p.Model.Encoder.(idsJSONAppender)
+	}
+	var idsJSON []byte
+	if f != nil {
+		idsJSON = f.AppendIDsJSON((*buf)[:0], p.IDs, openai.AppendIDs)
+	} else {
+		idsJSON = openai.AppendIDs((*buf)[:0], p.IDs)
+	}
+	out, skip := upstream.ChatBodyJSON(mode, body, idsJSON)
+	if cap(idsJSON) <= maxPooledIDsJSON {
+		*buf = idsJSON[:0]
+		idsJSONPool.Put(buf)
+	}
 	if skip != "" {
 		t.guard.Skipped(c.ID, skip)
 		return body, nil
@@ -104,3 +119,17 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 	t.guard.Sent(c.ID, body, p.IDs)
 	return out, nil
 }
+
+// idsJSONAppender is an encoder that formats the token IDs it returned as JSON faster than
+// openai.AppendIDs, with the same text (gateway/model.Model: a conversation's next turn formats only its
+// new IDs).
+type idsJSONAppender interface {
+	AppendIDsJSON(dst []byte, ids []uint32, format func(dst []byte, ids []uint32) []byte) []byte
+}
+
+// idsJSONPool holds the buffers (*[]byte) engineBody writes a chat's token IDs into before splicing them
+// into the engine body (which copies them); buffers over maxPooledIDsJSON bytes (a ~150k-token prompt)
+// are dropped.
+var idsJSONPool = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledIDsJSON = 1 << 20

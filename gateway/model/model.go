@@ -50,7 +50,9 @@ type Model struct {
 	tmpl        Renderer // nil: completions only
 	segs        *segmentCache
 	prefixes    *prefixCache
-	completions *prefixCache // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
+	completions *prefixCache              // completions prompts cut at text cuts (EncodeCompletion); IDs include BOS
+	prompts     *chattemplate.PromptCache // recent native renders (nil: none), see render
+	idText      *idTextCache              // JSON text of returned ID arrays (nil: none), see AppendIDsJSON
 }
 
 // DefaultSegmentCacheBytes bounds the segment cache of a Model built by Load or New: the text of the
@@ -67,15 +69,23 @@ const DefaultPrefixCacheBytes = 64 << 20
 // per entry (a 32k-token prompt takes about 256 KiB).
 const DefaultCompletionCacheBytes = 32 << 20
 
+// DefaultRenderCacheBytes bounds the rendered-prompt cache of a Model built by Load or New
+// (chattemplate.PromptCache, used when the template renders natively): each entry counts the capacity of
+// the prompt array it keeps alive (a 128k-token conversation's prompt is about 600 KiB), so the default
+// holds the latest prompts of about 50 such conversations; a prompt over 1/16 of it is rendered uncached.
+const DefaultRenderCacheBytes = 32 << 20
+
 // Options sizes a Model's caches. Zero fields take the defaults; a negative field disables that cache.
 type Options struct {
 	SegmentCacheBytes    int // bytes of cached text runs and their IDs; default DefaultSegmentCacheBytes
 	PrefixCacheBytes     int // bytes of cached conversation prefixes; default DefaultPrefixCacheBytes
 	CompletionCacheBytes int // bytes of cached completions prompt prefixes; default DefaultCompletionCacheBytes
+	RenderCacheBytes     int // bytes of cached rendered prompts; default DefaultRenderCacheBytes
+	IDTextCacheBytes     int // bytes of cached token-ID JSON text; default DefaultIDTextCacheBytes
 }
 
-func (o Options) limits() (segs, prefixes, completions int) {
-	segs, prefixes, completions = o.SegmentCacheBytes, o.PrefixCacheBytes, o.CompletionCacheBytes
+func (o Options) limits() (segs, prefixes, completions, renders, idText int) {
+	segs, prefixes, completions, renders, idText = o.SegmentCacheBytes, o.PrefixCacheBytes, o.CompletionCacheBytes, o.RenderCacheBytes, o.IDTextCacheBytes
 	if segs == 0 {
 		segs = DefaultSegmentCacheBytes
 	}
@@ -85,7 +95,13 @@ func (o Options) limits() (segs, prefixes, completions int) {
 	if completions == 0 {
 		completions = DefaultCompletionCacheBytes
 	}
-	return max(segs, 0), max(prefixes, 0), max(completions, 0)
+	if renders == 0 {
+		renders = DefaultRenderCacheBytes
+	}
+	if idText == 0 {
+		idText = DefaultIDTextCacheBytes
+	}
+	return max(segs, 0), max(prefixes, 0), max(completions, 0), max(renders, 0), max(idText, 0)
 }
 
 // minCachedSegment is the length below which a segment is encoded directly (the tokenizer's word cache
@@ -98,9 +114,9 @@ func New(tok *tokenizer.Tokenizer, tmpl Renderer) *Model { return NewWithOptions
 
 // NewWithOptions is New with explicit cache sizes.
 func NewWithOptions(tok *tokenizer.Tokenizer, tmpl Renderer, opts Options) *Model {
-	segs, prefixes, completions := opts.limits()
+	segs, prefixes, completions, renders, idText := opts.limits()
 	return &Model{tok: tok, tmpl: tmpl, segs: newSegmentCache(segs), prefixes: newPrefixCache(prefixes),
-		completions: newPrefixCache(completions)}
+		completions: newPrefixCache(completions), prompts: chattemplate.NewPromptCache(renders), idText: newIDTextCache(idText)}
 }
 
 // Tokenizer returns the model's tokenizer.
@@ -115,7 +131,11 @@ func (m *Model) EncodeChat(body []byte) (prompt string, ids []uint32, err error)
 	if m.tmpl == nil {
 		return "", nil, ErrNoChatTemplate
 	}
-	prompt, err = m.tmpl.Render(body)
+	if cr, ok := m.tmpl.(CachedRenderer); ok {
+		prompt, err = cr.RenderCached(context.Background(), body, m.prompts)
+	} else {
+		prompt, err = m.tmpl.Render(body)
+	}
 	if err != nil {
 		return "", nil, err
 	}
@@ -136,15 +156,32 @@ func (m *Model) EncodeChatRequest(r *chattemplate.Request) (prompt string, ids [
 	if m.tmpl == nil {
 		return "", nil, ErrNoChatTemplate
 	}
-	if rr, ok := m.tmpl.(RequestRenderer); ok {
-		prompt, err = rr.RenderRequest(context.Background(), r)
-	} else {
-		prompt, err = m.tmpl.Render(r.Body())
-	}
+	prompt, err = m.render(r)
 	if err != nil {
 		return "", nil, err
 	}
 	return prompt, m.EncodePrompt(prompt), nil
+}
+
+// CachedRenderer is a RequestRenderer that renders through a chattemplate.PromptCache
+// (*chattemplate.Template implements it): the same prompts and errors as Render and RenderRequest, and
+// the next turn of a conversation writes only its new messages. The Model passes its own cache.
+type CachedRenderer interface {
+	RenderCached(ctx context.Context, body []byte, pc *chattemplate.PromptCache) (string, error)
+	RenderRequestCached(ctx context.Context, r *chattemplate.Request, pc *chattemplate.PromptCache) (string, error)
+}
+
+// render renders a decoded chat request through the model's rendered-prompt cache when the renderer
+// takes one. The prompt of a cached render shares memory with the conversation's previous prompt, which
+// makes EncodePrompt's comparison with the cached prefix cost nothing (the same pointer).
+func (m *Model) render(r *chattemplate.Request) (string, error) {
+	switch rr := m.tmpl.(type) {
+	case CachedRenderer:
+		return rr.RenderRequestCached(context.Background(), r, m.prompts)
+	case RequestRenderer:
+		return rr.RenderRequest(context.Background(), r)
+	}
+	return m.tmpl.Render(r.Body())
 }
 
 // EncodePrompt encodes an already rendered prompt without adding special tokens, through the prefix and

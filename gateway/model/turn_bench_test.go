@@ -1,7 +1,6 @@
 package model
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -37,8 +36,8 @@ type chatMsg struct {
 // Each iteration starts from a fresh Model whose caches saw the previous request of the conversation
 // (untimed, followed by a runtime.GC so the setup's garbage does not land on the timed stages), then times the new request's stages one after the other:
 //   - chat: body-µs (openai.ParseRequest: the body decoded, the chat request included), render-µs
-//     (RenderRequest), tokenize-µs (EncodePrompt), hash-µs (block keys, 16 tokens a block), splice-µs
-//     (upstream.ChatBody, prompt_token_ids);
+//     (the Model's render: RenderRequestCached through its rendered-prompt cache), tokenize-µs (EncodePrompt), hash-µs (block keys, 16 tokens a block), splice-µs
+//     (Model.AppendIDsJSON then upstream.ChatBodyJSON, prompt_token_ids, as the gateway's engineBody);
 //   - completion: body-µs, tokenize-µs (EncodeCompletion), hash-µs (a completions body gets its IDs
 //     from upstream.Body, not timed here);
 //   - new-µs: Encode of the turn's new text alone (the rendered prompt's bytes after the previous
@@ -88,10 +87,13 @@ func BenchmarkNewTurn(b *testing.B) {
 					var prevBody, newBody []byte
 					if api == "chat" {
 						prevBody, newBody = chatBody(b, msgs), chatBody(b, next)
-						prevPrompt, _, err = md.EncodeChat(prevBody)
+						var prevIDs []uint32
+						prevPrompt, prevIDs, err = md.EncodeChat(prevBody)
 						if err != nil {
 							b.Fatal(err)
 						}
+						// The previous request went to the engine with its IDs, as the gateway sends it.
+						upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, prevBody, md.AppendIDsJSON(nil, prevIDs, openai.AppendIDs))
 					} else {
 						prevPrompt, newPrompt = completionPrompt(msgs), completionPrompt(next)
 						prevBody, newBody = completionBody(b, prevPrompt), completionBody(b, newPrompt)
@@ -110,7 +112,7 @@ func BenchmarkNewTurn(b *testing.B) {
 							b.Fatal(err)
 						}
 						t1 := time.Now()
-						prompt, err := tmpl.RenderRequest(context.Background(), req.Chat)
+						prompt, err := md.render(req.Chat)
 						if err != nil {
 							b.Fatal(err)
 						}
@@ -134,7 +136,8 @@ func BenchmarkNewTurn(b *testing.B) {
 					t5 := time.Now()
 					hash = append(hash, t5.Sub(t4))
 					if api == "chat" {
-						out, _ := upstream.ChatBody(config.ChatTokenIDsPromptTokenIDs, newBody, ids)
+						// As the gateway's engineBody: the IDs' text through the Model's cache, then spliced.
+						out, _ := upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, newBody, md.AppendIDsJSON(nil, ids, openai.AppendIDs))
 						splice = append(splice, time.Since(t5))
 						_ = out
 					}

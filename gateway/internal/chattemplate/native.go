@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"sync"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -47,8 +48,13 @@ var nativeKwargs = map[string]bool{"add_generation_prompt": true, "continue_fina
 // ns.last_query_index only matters for assistant messages with reasoning (none here) or for the last
 // message when it is the assistant's (excluded), the tool branches are not taken, and the first system
 // message is written by the preamble and skipped by the loop. What remains is one fixed string per
-// message, so the prompt is the concatenation this function writes.
-func renderNativeQwen3(msgs []jinja.Value, kw *jinja.Dict, addGen, contFinal jinja.Value) (string, bool) {
+// message, so the prompt is the concatenation this function writes (the preamble's system message is the
+// same bytes as the loop's would be).
+//
+// With a PromptCache (pc not nil), the longest cached render of the request's first messages is reused:
+// only the messages after it (and the generation prompt) are written, and assistant messages are checked
+// for "</think>" only there (a cached render's messages passed that check when it was written).
+func renderNativeQwen3(msgs []jinja.Value, kw *jinja.Dict, addGen, contFinal jinja.Value, pc *PromptCache) (string, bool) {
 	if len(msgs) == 0 || contFinal.IsTruthy() {
 		return "", false
 	}
@@ -64,63 +70,104 @@ func renderNativeQwen3(msgs []jinja.Value, kw *jinja.Dict, addGen, contFinal jin
 		}
 		think = !v.AsBool()
 	}
-	size := 64
+	parts := make([]nativeMsg, len(msgs))
+	offs := make([]int, len(msgs)+1) // offs[i]: the text length of msgs[:i]
 	for i, m := range msgs {
 		if !m.IsDict() {
 			return "", false
 		}
 		md := m.AsDict()
 		var role, content string
+		hasContent := false // md.Keys lists md.Data's keys once each (the dicts are built with Set)
 		for _, k := range md.Keys {
 			v := md.Data[k]
 			switch {
 			case k == "role" && v.IsString():
 				role = v.AsString()
 			case k == "content" && v.IsString():
-				content = v.AsString()
+				content, hasContent = v.AsString(), true
 			case k == "name" && v.IsString():
 			default:
 				return "", false
 			}
 		}
-		if _, ok := md.Get("content"); !ok {
+		if !hasContent {
 			return "", false
 		}
 		switch role {
 		case "system", "user":
 		case "assistant":
-			if i == len(msgs)-1 || strings.Contains(content, "</think>") {
+			if i == len(msgs)-1 {
 				return "", false
 			}
 		default:
 			return "", false
 		}
-		size += len(content) + len(role) + 24
+		parts[i] = nativeMsg{role: role, content: content}
+		offs[i+1] = offs[i] + parts[i].segLen()
 	}
-	var sb strings.Builder
-	sb.Grow(size)
-	for i, m := range msgs {
-		md := m.AsDict()
-		role, _ := md.Get("role")
-		content, _ := md.Get("content")
-		if i == 0 && role.AsString() == "system" {
-			// The preamble writes it; the loop skips the first system message.
-			sb.WriteString("<|im_start|>system\n")
-			sb.WriteString(content.AsString())
-			sb.WriteString("<|im_end|>\n")
-			continue
+	var cached string // the render of parts[:k], a view of arena
+	var arena *byteArena
+	k := 0
+	if pc != nil {
+		k, cached, arena = pc.lookup(parts, offs)
+	}
+	for _, m := range parts[k:] {
+		if m.role == "assistant" && strings.Contains(m.content, "</think>") {
+			return "", false
 		}
-		sb.WriteString("<|im_start|>")
-		sb.WriteString(role.AsString())
-		sb.WriteString("\n")
-		sb.WriteString(content.AsString())
-		sb.WriteString("<|im_end|>\n")
 	}
+	genPrompt := ""
 	if addGen.IsTruthy() {
-		sb.WriteString("<|im_start|>assistant\n")
+		genPrompt = imStart + "assistant\n"
 		if think {
-			sb.WriteString("<think>\n\n</think>\n\n")
+			genPrompt += "<think>\n\n</think>\n\n"
 		}
 	}
-	return sb.String(), true
+	size := offs[len(parts)] + len(genPrompt)
+	if pc == nil {
+		b := make([]byte, 0, size)
+		for _, m := range parts {
+			b = appendSeg(b, m)
+		}
+		return bytesView(append(b, genPrompt...), size), true
+	}
+	if arena == nil {
+		b := make([]byte, 0, promptArenaCap(size))
+		for _, m := range parts {
+			b = appendSeg(b, m)
+		}
+		b = append(b, genPrompt...)
+		arena = &byteArena{b: b}
+		out := bytesView(b, size)
+		pc.put(parts, len(parts), out[:offs[len(parts)]], arena, cap(b))
+		return out, true
+	}
+	// The new messages' text, then the cached prefix's arena extended with it.
+	scratch := promptScratch.Get().(*[]byte)
+	more := (*scratch)[:0]
+	for _, m := range parts[k:] {
+		more = appendSeg(more, m)
+	}
+	more = append(more, genPrompt...)
+	out, capacity, ok := arena.extend(cached, more)
+	if !ok {
+		// A branch: another continuation follows the cached prefix in its array; this prompt gets an
+		// array of its own (one copy of the prefix, what every render cost without the cache).
+		b := make([]byte, 0, promptArenaCap(size))
+		b = append(append(b, cached...), more...)
+		arena, out, capacity = &byteArena{b: b}, bytesView(b, size), cap(b)
+	}
+	if cap(more) <= maxPromptScratch {
+		*scratch = more[:0]
+		promptScratch.Put(scratch)
+	}
+	pc.put(parts, len(parts), out[:offs[len(parts)]], arena, capacity)
+	return out, true
 }
+
+// promptScratch holds the buffers (*[]byte) renderNativeQwen3 writes a cached prompt's new messages into
+// before appending them to its arena; buffers above maxPromptScratch bytes are dropped.
+var promptScratch = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPromptScratch = 1 << 18

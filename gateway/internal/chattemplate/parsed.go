@@ -45,6 +45,13 @@ func (r *Request) Body() []byte { return r.body }
 // RenderRequest renders a parsed request exactly as RenderContext renders its body: the same prompt
 // and the same errors, including the field errors ParseRequest kept and the message-count limit.
 func (t *Template) RenderRequest(ctx context.Context, r *Request) (prompt string, err error) {
+	return t.RenderRequestCached(ctx, r, nil)
+}
+
+// RenderRequestCached is RenderRequest through a PromptCache (nil: none): the same prompt and the same
+// errors; a plain request on Qwen3's template reuses the cached render of its first messages (see
+// PromptCache).
+func (t *Template) RenderRequestCached(ctx context.Context, r *Request, pc *PromptCache) (prompt string, err error) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			prompt, err = "", &RenderError{Kind: ErrTemplateFailed, Message: fmt.Sprintf("template engine panic: %v", rec)}
@@ -60,5 +67,5 @@ func (t *Template) RenderRequest(ctx context.Context, r *Request) (prompt string
 	if r.req.err != nil {
 		return "", r.req.err
 	}
-	return t.render(ctx, r.req)
+	return t.render(ctx, r.req, pc)
 }

@@ -384,6 +384,12 @@ var templateKwargsReserved = map[string]bool{
 // malformed or hold unsupported content) or *RenderError (the template raised or failed, or a limit was
 // hit).
 func (t *Template) RenderContext(ctx context.Context, chatRequestJSON []byte) (prompt string, err error) {
+	return t.RenderCached(ctx, chatRequestJSON, nil)
+}
+
+// RenderCached is RenderContext through a PromptCache (nil: none): the same prompt and the same errors;
+// a plain request on Qwen3's template reuses the cached render of its first messages (see PromptCache).
+func (t *Template) RenderCached(ctx context.Context, chatRequestJSON []byte, pc *PromptCache) (prompt string, err error) {
 	defer func() {
 		// ardanlabs/jinja is third-party code running operator-supplied templates on client data: a panic
 		// in it must fail this request, not the gateway.
@@ -395,12 +401,12 @@ func (t *Template) RenderContext(ctx context.Context, chatRequestJSON []byte) (p
 	if err != nil {
 		return "", err
 	}
-	return t.render(ctx, req)
+	return t.render(ctx, req, pc)
 }
 
 // render renders a decoded request; it recovers from a template-engine panic as RenderContext does (the
 // callers' deferred recover covers it too, this one is for RenderRequest).
-func (t *Template) render(ctx context.Context, req *chatRequest) (prompt string, err error) {
+func (t *Template) render(ctx context.Context, req *chatRequest, pc *PromptCache) (prompt string, err error) {
 	lim := t.cfg.limits
 	tools, err := req.toolDicts(t.cfg.excludeTools)
 	if err != nil {
@@ -468,7 +474,7 @@ func (t *Template) render(ctx context.Context, req *chatRequest) (prompt string,
 	if c.native == nativeQwen3 && c.format == FormatString && toolsVar.IsNone() && ctx.Err() == nil {
 		// A plain request on Qwen3's template: the same prompt without the engine (native.go). A request
 		// whose context is done already goes to the engine, which reports that as before.
-		if out, ok := renderNativeQwen3(req.messages, kw, addGen, contFinal); ok {
+		if out, ok := renderNativeQwen3(req.messages, kw, addGen, contFinal, pc); ok {
 			if len(out) > lim.MaxOutputBytes {
 				return "", &RenderError{Kind: ErrLimit, Message: fmt.Sprintf("rendered prompt is %d bytes, over the %d-byte limit", len(out), lim.MaxOutputBytes)}
 			}

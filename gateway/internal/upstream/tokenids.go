@@ -40,6 +40,18 @@ const (
 // When a key occurs more than once the last occurrence is the one edited, as the engines' JSON decoders
 // (Python's json) keep the last. body must be a JSON object (openai.ParseRequest checked it).
 func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) {
+	switch mode {
+	case config.ChatTokenIDsPromptTokenIDs, config.ChatTokenIDsInputIDs, config.ChatTokenIDsKVTransfer:
+	default:
+		return body, ""
+	}
+	return ChatBodyJSON(mode, body, openai.AppendIDs(nil, ids))
+}
+
+// ChatBodyJSON is ChatBody with the IDs already written as a JSON array (openai.AppendIDs's text, e.g.
+// from gateway/model's AppendIDsJSON, which formats only the IDs a conversation's cached text lacks).
+// idsJSON is copied into out; the caller may reuse it afterwards.
+func ChatBodyJSON(mode string, body []byte, idsJSON []byte) (out []byte, skip string) {
 	var key string
 	switch mode {
 	case config.ChatTokenIDsPromptTokenIDs, config.ChatTokenIDsInputIDs, config.ChatTokenIDsKVTransfer:
@@ -60,7 +72,6 @@ func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) 
 		}
 		return true
 	})
-	idsJSON := openai.AppendIDs(nil, ids)
 	if mode != config.ChatTokenIDsKVTransfer {
 		switch {
 		case !found:
