@@ -14,34 +14,6 @@ import (
 	"github.com/kvgate/kvgate/plugins"
 )
 
-// tryStart starts a gateway from YAML (memory store, no engines needed for start-up) and returns Start's
-// error; a started gateway is closed at cleanup.
-func tryStart(t *testing.T, yaml string) (*Gateway, error) {
-	t.Helper()
-	cfg, err := config.Parse([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{"KVGATE_ADMIN_TOKEN": "admintok"}
-	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
-		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache,
-		Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		g.Close(ctx)
-	})
-	return g, nil
-}
-
 // TestConfigPolicyNames: the config's policy name is resolved by plugins.ResolveVersion, as the admin
 // API resolves versions: "three-tier@" with no digits is refused (it used to mean the built-in), and a
 // digest prefix of any case names the built-in.
@@ -63,7 +35,7 @@ func TestConfigPolicyNames(t *testing.T) {
 		if !strings.Contains(name, "three-tier") {
 			name = "three-tier@" + name
 		}
-		g, err := tryStart(t, withPolicy(name))
+		g, err := startGatewayEnv(t, withPolicy(name), nil)
 		if err != nil {
 			t.Fatalf("policy %q: %v", name, err)
 		}
@@ -73,7 +45,7 @@ func TestConfigPolicyNames(t *testing.T) {
 	}
 	for name, want := range map[string]error{"three-tier@": plugins.ErrBadVersion, "three-tier@abc": plugins.ErrBadVersion,
 		"nosuch": plugins.ErrVersionNotFound, "three-tier@00000000": plugins.ErrVersionNotFound} {
-		if _, err := tryStart(t, withPolicy(name)); !errors.Is(err, want) {
+		if _, err := startGatewayEnv(t, withPolicy(name), nil); !errors.Is(err, want) {
 			t.Errorf("policy %q: Start error %v, want %v", name, err, want)
 		}
 	}
@@ -91,7 +63,7 @@ func TestFailedStartLeaksNothing(t *testing.T) {
 	defer busy.Close()
 	endpoint := "      - {id: e0, engine: enginesim, url: \"http://127.0.0.1:9\"}\n"
 	// Warm up once (lazily started runtime and library goroutines), then count.
-	if _, err := tryStart(t, gwYAML(endpoint, "metrics_listen: \""+busy.Addr().String()+"\"\n")); err == nil {
+	if _, err := startGatewayEnv(t, gwYAML(endpoint, "metrics_listen: \""+busy.Addr().String()+"\"\n"), nil); err == nil {
 		t.Fatal("Start succeeded with metrics_listen on an address in use")
 	}
 	for name, extra := range map[string]string{

@@ -2,21 +2,14 @@ package gateway
 
 import (
 	"bufio"
-	"context"
-	"encoding/binary"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/go-zeromq/zmq4"
-
-	"github.com/kvgate/kvgate/kvstore/kvevents"
 )
 
 var (
@@ -44,20 +37,6 @@ func BenchmarkGatewayFlood(b *testing.B) {
 
 func benchGatewayFlood(b *testing.B) {
 	n := *gwFloodEndpoints
-	engines := startSims(b, n, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var eps strings.Builder
-	pubs := make([]zmq4.Socket, n)
-	for i, e := range engines {
-		pubs[i] = zmq4.NewPub(ctx)
-		if err := pubs[i].Listen("tcp://127.0.0.1:0"); err != nil {
-			b.Fatal(err)
-		}
-		defer pubs[i].Close()
-		addr := pubs[i].Addr().(*net.TCPAddr)
-		fmt.Fprintf(&eps, "      - {id: e%d, engine: enginesim, url: \"http://%s\", kv_events: \"tcp://127.0.0.1:%d\"}\n", i, e.HTTPAddr(), addr.Port)
-	}
 	extra := ""
 	if *gwFloodIndexCap > 0 {
 		extra += fmt.Sprintf("index_max_entries: %d\n", *gwFloodIndexCap)
@@ -65,79 +44,29 @@ func benchGatewayFlood(b *testing.B) {
 	if *gwFloodHashCap > 0 {
 		extra += fmt.Sprintf("index_max_engine_hashes_per_endpoint: %d\n", *gwFloodHashCap)
 	}
-	g := startGateway(b, gwYAML(eps.String(), extra))
-	seqs := make([]uint64, n)
-	send := func(i int, payload []byte) {
-		var seq8 [8]byte
-		binary.BigEndian.PutUint64(seq8[:], seqs[i])
-		if err := pubs[i].SendMulti(zmq4.NewMsgFrom([]byte("kv@flood"), seq8[:], payload)); err != nil {
-			b.Fatal(err)
-		}
-		seqs[i]++
-	}
-	applied := func() []uint64 {
-		out := make([]uint64, n)
-		for _, s := range g.IngestStats() {
-			var i int
-			if _, err := fmt.Sscanf(string(s.Endpoint), "e%d", &i); err == nil && s.HaveSeq {
-				out[i] = s.LastSeq + 1
-			}
-		}
-		return out
-	}
-	// Prime: seq 0 (an empty batch) until every ingester has applied one (ZMQ's slow joiner drops earlier ones).
-	empty, err := kvevents.Encode(kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9}, kvevents.LayoutMap, kvevents.HashUint)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for ready := false; !ready; {
-		for i := range n {
-			seqs[i] = 0
-			send(i, empty)
-		}
-		time.Sleep(20 * time.Millisecond)
-		ready = true
-		for _, a := range applied() {
-			ready = ready && a > 0
-		}
-	}
+	f := startEventFleet(b, n, "", extra)
+	g, seqs := f.g, f.seqs
 	runtime.GC()
 	debug.FreeOSMemory()
 	rss0, _ := procStatus("VmRSS")
 
-	const perEvent, perBatch = 16, 32
+	const perBatch = floodBatchBlocks
 	toks := make([]uint32, perBatch*16)
 	batches := *gwFloodBlocks / perBatch
 	start := time.Now()
-	seen := applied()
+	seen := f.applied()
 	for k := range batches {
 		i := k % n
-		root := kvevents.EngineHash(uint64(k)*perBatch + 1)
-		for j := range toks {
-			toks[j] = uint32(k*perBatch*16 + j) // distinct blocks everywhere
-		}
-		hs := make([]kvevents.EngineHash, perBatch)
-		for j := range hs {
-			hs[j] = root + kvevents.EngineHash(j)
-		}
-		parent := hs[perEvent-1]
-		bt := kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: []kvevents.Event{
-			kvevents.BlockStored{BlockHashes: hs[:perEvent], TokenIDs: toks[:perEvent*16], BlockSize: 16, Medium: "GPU"},
-			kvevents.BlockStored{BlockHashes: hs[perEvent:], ParentBlockHash: &parent, TokenIDs: toks[perEvent*16:], BlockSize: 16, Medium: "GPU"},
-		}}
-		p, err := kvevents.Encode(bt, kvevents.LayoutMap, kvevents.HashUint)
-		if err != nil {
-			b.Fatal(err)
-		}
+		p := floodBatch(b, k, toks)
 		for seqs[i] >= seen[i]+256 {
-			if seen = applied(); seqs[i] >= seen[i]+256 {
+			if seen = f.applied(); seqs[i] >= seen[i]+256 {
 				time.Sleep(time.Millisecond)
 			}
 		}
-		send(i, p)
+		f.send(b, i, p)
 	}
 	for !waitFor(time.Minute, func() bool {
-		a := applied()
+		a := f.applied()
 		for i := range n {
 			if a[i] < seqs[i] {
 				return false
@@ -145,7 +74,7 @@ func benchGatewayFlood(b *testing.B) {
 		}
 		return true
 	}) {
-		b.Fatalf("ingesters did not catch up: applied %v of %v", applied(), seqs)
+		b.Fatalf("ingesters did not catch up: applied %v of %v", f.applied(), seqs)
 	}
 	elapsed := time.Since(start)
 	rss1, _ := procStatus("VmRSS")

@@ -86,6 +86,18 @@ func startGateway(t testing.TB, yaml string) *Gateway {
 // startGatewayTo is startGateway with the gateway's JSON logs at level written to w.
 func startGatewayTo(t testing.TB, yaml string, w io.Writer, level slog.Level) *Gateway {
 	t.Helper()
+	g, err := startGatewayWith(t, yaml, nil, slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// startGatewayWith starts a gateway on a loopback port from YAML with the test environment (admin token
+// "admintok", KVGATE_TEST_KEYS "ck1,ck2") plus extraEnv, logging to log, and returns Start's error; a
+// started gateway is closed at cleanup.
+func startGatewayWith(t testing.TB, yaml string, extraEnv map[string]string, log *slog.Logger) (*Gateway, error) {
+	t.Helper()
 	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -95,18 +107,21 @@ func startGatewayTo(t testing.TB, yaml string, w io.Writer, level slog.Level) *G
 		t.Fatal(err)
 	}
 	env := map[string]string{"KVGATE_ADMIN_TOKEN": "admintok", "KVGATE_TEST_KEYS": "ck1,ck2"}
+	for k, v := range extraEnv {
+		env[k] = v
+	}
 	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
-		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache,
-		Log: slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))})
+		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache, Log: log})
 	if err != nil {
-		t.Fatal(err)
+		ln.Close()
+		return nil, err
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		g.Close(ctx)
 	})
-	return g
+	return g, nil
 }
 
 func gwYAML(endpointsYAML string, extra string) string {

@@ -1,19 +1,13 @@
 package gateway
 
 import (
-	"context"
-	"encoding/binary"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
-	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
 
@@ -35,21 +29,7 @@ func BenchmarkIngestBurstLatency(b *testing.B) {
 }
 
 func benchIngestBurst(b *testing.B, store string) {
-	const n, rate, perBatch, requests = 2, 100_000, 32, 300
-	engines := startSims(b, n, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var eps strings.Builder
-	pubs := make([]zmq4.Socket, n)
-	for i, e := range engines {
-		pubs[i] = zmq4.NewPub(ctx)
-		if err := pubs[i].Listen("tcp://127.0.0.1:0"); err != nil {
-			b.Fatal(err)
-		}
-		defer pubs[i].Close()
-		addr := pubs[i].Addr().(*net.TCPAddr)
-		fmt.Fprintf(&eps, "      - {id: e%d, engine: enginesim, url: \"http://%s\", kv_events: \"tcp://127.0.0.1:%d\", max_inflight_requests: 64}\n", i, e.HTTPAddr(), addr.Port)
-	}
+	const n, rate, perBatch, requests = 2, 100_000, floodBatchBlocks, 300
 	extra := ""
 	if store == "redis" || store == "redis-layout2" {
 		rs := redistest.Start(b)
@@ -59,61 +39,13 @@ func benchIngestBurst(b *testing.B, store string) {
 		}
 		extra = fmt.Sprintf("store: {kind: redis, addrs: [%q], index_layout: %d}\n", rs.Addr, layout)
 	}
-	g := startGateway(b, gwYAML(eps.String(), extra))
-	seqs := make([]uint64, n)
-	send := func(i int, payload []byte) {
-		var seq8 [8]byte
-		binary.BigEndian.PutUint64(seq8[:], seqs[i])
-		if err := pubs[i].SendMulti(zmq4.NewMsgFrom([]byte("kv@burst"), seq8[:], payload)); err != nil {
-			b.Fatal(err)
-		}
-		seqs[i]++
-	}
-	applied := func() (out []uint64) {
-		out = make([]uint64, n)
-		for _, s := range g.IngestStats() {
-			var i int
-			if _, err := fmt.Sscanf(string(s.Endpoint), "e%d", &i); err == nil && s.HaveSeq && i < n {
-				out[i] = s.LastSeq + 1
-			}
-		}
-		return out
-	}
-	empty, err := kvevents.Encode(kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9}, kvevents.LayoutMap, kvevents.HashUint)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for ready := false; !ready; {
-		for i := range n {
-			seqs[i] = 0
-			send(i, empty)
-		}
-		time.Sleep(20 * time.Millisecond)
-		ready = true
-		for _, a := range applied() {
-			ready = ready && a > 0
-		}
-	}
+	f := startEventFleet(b, n, ", max_inflight_requests: 64", extra)
+	g := f.g
 	// Pre-encode 6 s of distinct batches.
 	batches := make([][]byte, rate/perBatch*6)
 	toks := make([]uint32, perBatch*16)
 	for k := range batches {
-		root := kvevents.EngineHash(uint64(k)*perBatch + 1)
-		for j := range toks {
-			toks[j] = uint32(k*perBatch*16 + j)
-		}
-		hs := make([]kvevents.EngineHash, perBatch)
-		for j := range hs {
-			hs[j] = root + kvevents.EngineHash(j)
-		}
-		parent := hs[15]
-		bt := kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: []kvevents.Event{
-			kvevents.BlockStored{BlockHashes: hs[:16], TokenIDs: toks[:16*16], BlockSize: 16, Medium: "GPU"},
-			kvevents.BlockStored{BlockHashes: hs[16:], ParentBlockHash: &parent, TokenIDs: toks[16*16:], BlockSize: 16, Medium: "GPU"},
-		}}
-		if batches[k], err = kvevents.Encode(bt, kvevents.LayoutMap, kvevents.HashUint); err != nil {
-			b.Fatal(err)
-		}
+		batches[k] = floodBatch(b, k, toks)
 	}
 	latencies := func(tag string) []time.Duration {
 		out := make([]time.Duration, 0, requests)
@@ -133,7 +65,7 @@ func benchIngestBurst(b *testing.B, store string) {
 	idle := latencies("idle")
 	var stop atomic.Bool
 	sent := make(chan int)
-	before := applied()
+	before := f.applied()
 	t0 := time.Now()
 	go func() {
 		tick := time.NewTicker(time.Millisecond)
@@ -142,7 +74,7 @@ func benchIngestBurst(b *testing.B, store string) {
 		for start := time.Now(); !stop.Load() && k < len(batches); {
 			<-tick.C
 			for due := int(time.Since(start).Seconds() * rate / perBatch); k < due && k < len(batches); k++ {
-				send(k%n, batches[k])
+				f.send(b, k%n, batches[k])
 			}
 		}
 		sent <- k
@@ -151,7 +83,7 @@ func benchIngestBurst(b *testing.B, store string) {
 	stop.Store(true)
 	k := <-sent
 	elapsed := time.Since(t0)
-	after := applied()
+	after := f.applied()
 	var got uint64
 	for i := range n {
 		got += after[i] - before[i]

@@ -30,7 +30,6 @@ import (
 	"github.com/openai/openai-go/option"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
 
@@ -90,31 +89,7 @@ func (ca *testCA) pool() *x509.CertPool {
 // failing.
 func startGatewayEnv(t *testing.T, yaml string, extra map[string]string) (*Gateway, error) {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{"KVGATE_ADMIN_TOKEN": "admintok", "KVGATE_TEST_KEYS": "ck1,ck2"}
-	for k, v := range extra {
-		env[k] = v
-	}
-	g, err := Start(context.Background(), Options{Config: cfg, Secrets: cfg.Secrets(func(k string) string { return env[k] }),
-		LoadEncoder: testEncoder, Listener: ln, PolicyCacheDir: policyCache,
-		Log: slog.New(slog.NewJSONHandler(io.Discard, nil))})
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		g.Close(ctx)
-	})
-	return g, nil
+	return startGatewayWith(t, yaml, extra, slog.New(slog.NewJSONHandler(io.Discard, nil)))
 }
 
 // Issue 17 item 5: an https engine that requires a client certificate from the test's CA and its own API

@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/gateway/textmodel"
 )
 
 // compareOptions are the flags of --mode compare (the policy comparison at calibrated load levels).
@@ -213,7 +213,7 @@ func (b *bench) compare(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(c.out, "charts"), 0o755); err != nil {
 		return err
 	}
-	m, err := model.Load(b.base.Tokenizer)
+	m, err := textmodel.Load(b.base.Tokenizer)
 	if err != nil {
 		return err
 	}
@@ -451,7 +451,7 @@ func distinctBlocks(w *workload, blockSize int) int {
 
 // compareSeed calibrates and runs every policy at every load for one workload seed.
 func (b *bench) compareSeed(ctx context.Context, fl *fleet, w *workload, seed uint64, policies []string,
-	wasm map[string][]byte, m *model.Model, si int) ([]result, []timeSeries, error) {
+	wasm map[string][]byte, m *textmodel.Model, si int) ([]result, []timeSeries, error) {
 	c := &b.o.cmp
 	versions := fl.versions
 	for _, p := range policies {
@@ -617,7 +617,7 @@ func (b *bench) activateVersion(ctx context.Context, fl *fleet, p string, versio
 		if err != nil {
 			return err
 		}
-		i := slices.IndexFunc(l.Versions, func(v admin.VersionJSON) bool { return v.Name == p })
+		i := slices.IndexFunc(l.Versions, func(v gateway.AdminVersion) bool { return v.Name == p })
 		if i < 0 {
 			return fmt.Errorf("%s is not loaded", p)
 		}
@@ -646,7 +646,7 @@ func resetEngines(ctx context.Context, engines []*harness.Engine) error {
 
 // newTextSource keeps the bench's vocabulary words that the model encodes as one token with a leading
 // space (so n words are n tokens and concatenated texts keep their tokens).
-func newTextSource(m *model.Model) (*textSource, error) {
+func newTextSource(m *textmodel.Model) (*textSource, error) {
 	var words []string
 	seen := map[string]bool{}
 	for _, w := range append(slices.Clone(vocab), commonWords...) {
@@ -654,7 +654,7 @@ func newTextSource(m *model.Model) (*textSource, error) {
 			continue
 		}
 		seen[w] = true
-		if len(m.Tokenizer().Encode(" "+w, false)) == 1 {
+		if len(m.EncodeText(" "+w)) == 1 {
 			words = append(words, " "+w)
 		}
 	}

@@ -12,16 +12,16 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
-	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/gateway/textmodel"
 )
 
-func qwen3(t *testing.T) *model.Model {
+func qwen3(t *testing.T) *textmodel.Model {
 	t.Helper()
 	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := model.Load(filepath.Join(root, "examples", "models", "qwen3"))
+	m, err := textmodel.Load(filepath.Join(root, "examples", "models", "qwen3"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/gateway/config"
 )
 
@@ -156,7 +156,7 @@ func (b *bench) activate(ctx context.Context, g *harness.Gateway, p string) erro
 		if err != nil {
 			return err
 		}
-		i := slices.IndexFunc(l.Versions, func(v admin.VersionJSON) bool { return v.Name == p })
+		i := slices.IndexFunc(l.Versions, func(v gateway.AdminVersion) bool { return v.Name == p })
 		if i < 0 {
 			return fmt.Errorf("%s is not loaded", p)
 		}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
-	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/gateway/textmodel"
 )
 
 // result is one policy at one load level: one object of results.json. Durations are seconds (wall clock
@@ -149,7 +149,7 @@ func seconds(d time.Duration) float64 { return d.Seconds() }
 
 // fill computes the figures of one run from its records: the oracle replays the prompts as the gateway
 // and engines see them (the model's chat template and tokenizer), answers appended at their finish.
-func (res *result) fill(st *runStats, m *model.Model, blockSize, lruBlocks int, warmup float64, engines []*harness.Engine) {
+func (res *result) fill(st *runStats, m *textmodel.Model, blockSize, lruBlocks int, warmup float64, engines []*harness.Engine) {
 	recs := slices.Clone(st.Records)
 	slices.SortStableFunc(recs, func(a, b *record) int { return int(a.Start - b.Start) })
 	res.Requests = len(recs)
@@ -158,7 +158,7 @@ func (res *result) fill(st *runStats, m *model.Model, blockSize, lruBlocks int, 
 	for i, r := range recs {
 		or[i] = oracleRequest{Start: r.Start, Finish: r.Finish, Prompt: promptIDs(m, r), OK: r.OK()}
 		if r.OK() {
-			or[i].Answer = m.Tokenizer().Encode(r.Answer, false)
+			or[i].Answer = m.EncodeText(r.Answer)
 		}
 	}
 	oc := oracleCached(or, blockSize, lruBlocks)
@@ -314,7 +314,7 @@ func safeDiv(a, b float64) float64 {
 
 // promptIDs is the token IDs the engine computes for r's prompt: the chat template over the messages
 // (chat) or the encoded prompt (completions).
-func promptIDs(m *model.Model, r *record) []uint32 {
+func promptIDs(m *textmodel.Model, r *record) []uint32 {
 	if !r.Chat {
 		return m.EncodeCompletion(r.Prompt)
 	}
@@ -408,7 +408,7 @@ type timeSeries struct {
 	TTFT          []float64            `json:"ttft_seconds"` // every answered request's, sorted (the CDF)
 }
 
-func makeSeries(res *result, st *runStats, m *model.Model, blockSize int) timeSeries {
+func makeSeries(res *result, st *runStats, m *textmodel.Model, blockSize int) timeSeries {
 	ts := timeSeries{Workload: res.Workload, Policy: res.Policy, Load: res.Load, Seed: res.Seed,
 		SampleSeconds: sampleEvery.Seconds(), Running: st.Running, Waiting: st.Waiting}
 	win := max(time.Second, st.Wall/30)

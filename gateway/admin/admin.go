@@ -37,7 +37,6 @@ import (
 	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/plugins"
-	"github.com/kvgate/kvgate/plugins/threetier"
 )
 
 // Host is the part of plugins.Host the admin API drives.
@@ -527,8 +526,8 @@ func (a *API) explain(c *fiber.Ctx) error {
 			(cd.Limits.MaxTokens == 0 || cd.InFlight.Tokens == 0 || cd.InFlight.Tokens+cost.Tokens <= cd.Limits.MaxTokens)
 		out.Endpoints = append(out.Endpoints, ExplainEndpoint{ID: cd.ID, Rank: rank[i], GPUBlocks: cd.GPUBlocks,
 			CPUBlocks: cd.CPUBlocks,
-			MatchRate: threetier.MatchRate(uint32(cd.GPUBlocks), uint32(cd.CPUBlocks), uint32(sm.Model.BlockSize),
-				uint32(len(p.IDs)), threetier.DefaultConfig().CPUWeight),
+			MatchRate: plugins.ThreeTierMatchRate(uint32(cd.GPUBlocks), uint32(cd.CPUBlocks), uint32(sm.Model.BlockSize),
+				uint32(len(p.IDs)), plugins.DefaultThreeTierConfig().CPUWeight),
 			Waiting: cd.Load.Waiting, Running: cd.Load.Running, KVCacheUtilization: cd.Load.KVCacheUsage,
 			InFlightRequests: cd.InFlight.Requests, InFlightTokens: cd.InFlight.Tokens,
 			MaxInflightReqs: cd.Limits.MaxRequests, MaxInflightTokens: cd.Limits.MaxTokens, HasCapacity: room})

@@ -27,7 +27,7 @@ import (
 	"github.com/kvgate/kvgate/gateway/internal/metrics"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
-	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/plugins"
 	"github.com/kvgate/kvgate/sdk"
 )
 
@@ -219,7 +219,8 @@ type Options struct {
 	Metrics             *metrics.Metrics // required
 	Log                 *slog.Logger     // required
 	Now                 func() time.Time // nil: time.Now
-	NativeConfig        threetier.Config // config of the load-only fallback ranking
+	// NativeConfig is the config of the load-only fallback ranking (zero: the defaults).
+	NativeConfig plugins.ThreeTierConfig
 	// HitTTL, if set, is how long a routed hit keeps the matched prefix counted on its endpoint (a Record of
 	// the matched blocks, at most once per HitTTL/4 per endpoint and prefix): vLLM announces nothing on a
 	// cache hit, so without it a hot prefix whose entries became unconfirmed (kvstore.Demoter) would age out
@@ -252,8 +253,8 @@ func New(o Options) *Router {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if o.NativeConfig == (threetier.Config{}) {
-		o.NativeConfig = threetier.DefaultConfig()
+	if o.NativeConfig == (plugins.ThreeTierConfig{}) {
+		o.NativeConfig = plugins.DefaultThreeTierConfig()
 	}
 	r := &Router{o: o, hasher: kvstore.Hasher{Seed: o.Seed}, stage: map[string]prometheus.Observer{}}
 	type remoter interface{ IsRemote() bool }
@@ -486,7 +487,7 @@ func (r *Router) snapshot(m *Model, lora string, p *Plan, infl map[kvstore.Endpo
 // store_down fallback when there is an index) or without a ranker.
 func (r *Router) rank(ctx context.Context, m *Model, p *Plan) {
 	if p.LoadOnly || r.o.Ranker == nil {
-		out, _ := threetier.New(r.o.NativeConfig).Rank(&p.Snapshot, make([]uint32, 0, len(p.Candidates)))
+		out := plugins.RankThreeTier(r.o.NativeConfig, &p.Snapshot, make([]uint32, 0, len(p.Candidates)))
 		p.Ranking = make([]int, len(out))
 		for i, v := range out {
 			p.Ranking[i] = int(v)

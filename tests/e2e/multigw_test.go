@@ -14,7 +14,7 @@ import (
 	"github.com/openai/openai-go"
 
 	"github.com/kvgate/kvgate/cmd/kvgate-bench/harness"
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/kvstore/redistest"
 )
@@ -181,7 +181,7 @@ func TestMultiGatewayRedis(t *testing.T) {
 	for _, g := range gws {
 		if !waitFor(30*time.Second, func() bool {
 			l, err := g.Policies(ctx)
-			return err == nil && slices.ContainsFunc(l.Versions, func(v admin.VersionJSON) bool { return v.Version == up.Version })
+			return err == nil && slices.ContainsFunc(l.Versions, func(v gateway.AdminVersion) bool { return v.Version == up.Version })
 		}) {
 			t.Fatalf("%s never listed the uploaded %s", g.Name, up.Version)
 		}

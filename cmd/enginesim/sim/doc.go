@@ -8,7 +8,7 @@
 //     GET /metrics, POST /tokenize, POST /reset_prefix_cache, plus GET/POST /sim/faults. Responses, SSE
 //     chunks and errors have vLLM's JSON shapes. A chat request may carry prompt_token_ids and a
 //     completions request token-ID prompts; otherwise text is tokenized with the model directory's own
-//     tokenizer and chat template (gateway/model), or a byte-level fallback when there are no tokenizer
+//     tokenizer and chat template (gateway/textmodel), or a byte-level fallback when there are no tokenizer
 //     files. Every request generates exactly max_tokens tokens (default Config.DefaultMaxTokens) of a fixed
 //     English sentence, finish_reason "length".
 //   - A paged KV cache: Config.NumGPUBlocks blocks of Config.BlockSize tokens, prefix lookup by vLLM's

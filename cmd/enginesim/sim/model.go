@@ -6,8 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/gateway/textmodel"
 )
 
 // hasTokenizerFiles reports whether dir holds a tokenizer.json or tokenizer.json.gz.
@@ -20,30 +19,29 @@ func hasTokenizerFiles(dir string) bool {
 	return false
 }
 
-// loadTextModel returns the model's text pipeline: gateway/model (its own tokenizer and chat template,
-// the same code the gateway tokenizes with) when dir holds tokenizer files, else the byte-level fallback.
-// A directory whose chat template cannot be loaded still serves completions and pre-tokenized chat; text
-// chat requests then get a 400.
+// loadTextModel returns the model's text pipeline: gateway/textmodel (its own tokenizer and chat
+// template, the same code the gateway tokenizes with) when dir holds tokenizer files, else the byte-level
+// fallback. A directory whose chat template cannot be loaded still serves completions and pre-tokenized
+// chat; text chat requests then get a 400.
 func loadTextModel(dir string, log *slog.Logger) (textModel, error) {
 	if !hasTokenizerFiles(dir) {
 		return byteModel{}, nil
 	}
-	m, err := model.Load(dir)
+	m, err := textmodel.Load(dir)
 	if err != nil {
-		tok, terr := tokenizer.Load(dir)
-		if terr != nil {
+		var terr error
+		if m, terr = textmodel.LoadTokenizer(dir); terr != nil {
 			return nil, fmt.Errorf("sim: load tokenizer from %s: %w", dir, terr)
 		}
 		log.Warn("chat template unavailable: text chat requests will be rejected", slog.String("model", dir),
 			slog.String("error", err.Error()))
-		m = model.New(tok, nil)
 	}
 	return &hfModel{m: m}, nil
 }
 
-// hfModel is the pipeline of a model directory (gateway/model).
+// hfModel is the pipeline of a model directory (gateway/textmodel).
 type hfModel struct {
-	m *model.Model
+	m *textmodel.Model
 }
 
 func (h *hfModel) Kind() string { return "tokenizer" }
@@ -52,6 +50,6 @@ func (h *hfModel) EncodeChat(body []byte) (string, []uint32, error) { return h.m
 
 func (h *hfModel) EncodeCompletion(prompt string) []uint32 { return h.m.EncodeCompletion(prompt) }
 
-func (h *hfModel) EncodeText(text string) []uint32 { return h.m.Tokenizer().Encode(text, false) }
+func (h *hfModel) EncodeText(text string) []uint32 { return h.m.EncodeText(text) }
 
-func (h *hfModel) Decode(ids []uint32) string { return h.m.Tokenizer().Decode(ids) }
+func (h *hfModel) Decode(ids []uint32) string { return h.m.Decode(ids) }

@@ -21,7 +21,7 @@ func TestQwen3(t *testing.T) {
 	t.Run("ChatTextAndTokenTwins", func(t *testing.T) { testQwen3ChatTextAndTokenTwins(t, e) })
 }
 
-// With a model directory the simulator tokenizes with the model's own tokenizer (gateway/model), so a text
+// With a model directory the simulator tokenizes with the model's own tokenizer (gateway/textmodel), so a text
 // prompt and its token-ID twin hit the same cache blocks, and output text is decoded with it.
 func testQwen3TextAndTokenTwins(t *testing.T, e *Engine) {
 	b, err := os.ReadFile("testdata/qwen3_golden.json")

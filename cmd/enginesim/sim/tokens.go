@@ -7,7 +7,7 @@ import (
 )
 
 // textModel is what the simulator needs from a model's text pipeline: render + tokenize chat requests and
-// completion prompts exactly as vLLM would, and decode generated tokens. The gateway/model adapter
+// completion prompts exactly as vLLM would, and decode generated tokens. The gateway/textmodel adapter
 // (model.go) is the real one; byteModel is the fallback when the model has no tokenizer files.
 type textModel interface {
 	// EncodeChat renders the OpenAI chat body with the model's chat template and tokenizes it (no special

@@ -16,7 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/gateway/config"
 )
 
@@ -210,15 +210,15 @@ func (g *Gateway) do(ctx context.Context, method, path string, body []byte, auth
 
 // Explain calls POST /admin/v1/route with a chat or completions body: the routing decision without
 // forwarding (prompt tokens, blocks, per-endpoint match and load, ranking, chosen endpoint).
-func (g *Gateway) Explain(ctx context.Context, body []byte) (admin.ExplainResponse, error) {
-	var out admin.ExplainResponse
+func (g *Gateway) Explain(ctx context.Context, body []byte) (gateway.AdminExplainResponse, error) {
+	var out gateway.AdminExplainResponse
 	_, err := g.do(ctx, http.MethodPost, "/admin/v1/route", body, true, &out)
 	return out, err
 }
 
 // UploadPolicy PUTs a Wasm module as policy name and returns the gateway's validation answer.
-func (g *Gateway) UploadPolicy(ctx context.Context, name string, wasm []byte) (admin.UploadResponse, error) {
-	var out admin.UploadResponse
+func (g *Gateway) UploadPolicy(ctx context.Context, name string, wasm []byte) (gateway.AdminUploadResponse, error) {
+	var out gateway.AdminUploadResponse
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, g.URL()+"/admin/v1/policies/"+name, bytes.NewReader(wasm))
 	if err != nil {
 		return out, err
@@ -249,14 +249,14 @@ func (g *Gateway) ActivatePolicy(ctx context.Context, model, version string, con
 	if configJSON == nil {
 		configJSON = []byte("{}")
 	}
-	body, _ := json.Marshal(admin.ActivateRequest{Model: model, Version: version, Config: configJSON})
+	body, _ := json.Marshal(gateway.AdminActivateRequest{Model: model, Version: version, Config: configJSON})
 	_, err := g.do(ctx, http.MethodPost, "/admin/v1/policies/activate", body, true, nil)
 	return err
 }
 
 // Policies returns GET /admin/v1/policies.
-func (g *Gateway) Policies(ctx context.Context) (admin.ListResponse, error) {
-	var out admin.ListResponse
+func (g *Gateway) Policies(ctx context.Context) (gateway.AdminListResponse, error) {
+	var out gateway.AdminListResponse
 	_, err := g.do(ctx, http.MethodGet, "/admin/v1/policies", nil, true, &out)
 	return out, err
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/plugins"
-	"github.com/kvgate/kvgate/plugins/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
 
@@ -43,7 +42,7 @@ func newHost(t testing.TB) *plugins.Host {
 }
 
 func native(s *sdk.Snapshot) []int {
-	idx, _ := threetier.New(threetier.DefaultConfig()).Rank(s, nil)
+	idx := plugins.RankThreeTier(plugins.DefaultThreeTierConfig(), s, nil)
 	out := make([]int, len(idx))
 	for i, v := range idx {
 		out[i] = int(v)

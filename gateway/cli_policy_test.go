@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bytes"
@@ -26,11 +26,11 @@ func runPolicy(t *testing.T, args ...string) (string, error) {
 
 func TestPolicyValidate(t *testing.T) {
 	policyCacheDir = ""
-	out, err := runPolicy(t, "validate", "../../plugins/testdata/good.wasm")
+	out, err := runPolicy(t, "validate", "../plugins/testdata/good.wasm")
 	if err != nil || !strings.HasPrefix(out, "ACCEPTED good@") || !strings.Contains(out, "sample hot-endpoint-idle-owner") {
 		t.Fatalf("good: %v\n%s", err, out)
 	}
-	out, err = runPolicy(t, "validate", "../../plugins/testdata/badimport.wasm")
+	out, err = runPolicy(t, "validate", "../plugins/testdata/badimport.wasm")
 	if !errors.Is(err, errRejected) || !strings.HasPrefix(out, "REJECTED badimport@") ||
 		!strings.Contains(out, "problem: import env.http_get is not allowed") {
 		t.Fatalf("badimport: %v\n%s", err, out)
@@ -42,7 +42,7 @@ func TestPolicyValidate(t *testing.T) {
 
 func TestPolicyBench(t *testing.T) {
 	policyCacheDir = ""
-	out, err := runPolicy(t, "bench", "--endpoints", "8", "--calls", "200", "../../plugins/testdata/good.wasm")
+	out, err := runPolicy(t, "bench", "--endpoints", "8", "--calls", "200", "../plugins/testdata/good.wasm")
 	if err != nil {
 		t.Fatal(err)
 	}

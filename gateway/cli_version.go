@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"fmt"
@@ -6,18 +6,22 @@ import (
 	"runtime/debug"
 )
 
-// Set at link time by `make build` (-ldflags "-X main.version=... -X main.commit=..."); when empty, the
-// build information the Go toolchain embedded is used (module version, vcs.revision).
+// The build's version and commit, given to Main by cmd/kvgate (set there at link time by `make build`:
+// -ldflags "-X main.version=... -X main.commit=..."); when empty, the build information the Go toolchain
+// embedded is used (module version, vcs.revision).
 var (
-	version = ""
-	commit  = ""
+	buildVersion = ""
+	buildCommit  = ""
 )
+
+// setBuild records Main's version and commit for versionText.
+func setBuild(v, c string) { buildVersion, buildCommit = v, c }
 
 // versionText is what `kvgate --version` prints: the module version ("(devel)" for a build from a
 // checkout without -ldflags), the commit ("unknown" when neither -ldflags nor the toolchain's VCS stamp
 // gave one; "(modified)" when the stamp says the tree had changes) and the Go version and platform.
 func versionText() string {
-	v, c, modified := version, commit, false
+	v, c, modified := buildVersion, buildCommit, false
 	goVersion := runtime.Version()
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v == "" {
@@ -30,7 +34,7 @@ func versionText() string {
 					c = s.Value
 				}
 			case "vcs.modified":
-				modified = s.Value == "true" && commit == ""
+				modified = s.Value == "true" && buildCommit == ""
 			}
 		}
 		if bi.GoVersion != "" {

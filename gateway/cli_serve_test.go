@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bytes"
@@ -23,7 +23,7 @@ func TestServeAndPolicyCommands(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.yaml")
-	abs, _ := filepath.Abs("../../examples/models/qwen3")
+	abs, _ := filepath.Abs("../examples/models/qwen3")
 	os.WriteFile(cfg, []byte("listen: \"127.0.0.1:0\"\nshutdown_grace: 0s\nadmin_token_env: KVGATE_TEST_ADMIN\nmodels:\n  - name: qwen3\n    tokenizer: "+abs+"\nsimulate: {engines: 2}\n"), 0o600)
 	t.Setenv("KVGATE_TEST_ADMIN", "s3cret")
 	addr, banner := runServe(t, func(ctx context.Context, out io.Writer) error { return serve(ctx, cfg, out) })

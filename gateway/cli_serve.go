@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
-	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/route"
@@ -81,7 +80,7 @@ func serveOn(ctx context.Context, cfgPath, listen string, out io.Writer) error {
 	if listen != "" {
 		cfg.Listen = listen
 	}
-	log := slog.New(gateway.NewLogHandler(os.Stderr, logLevel(cfg.LogLevel)))
+	log := slog.New(NewLogHandler(os.Stderr, logLevel(cfg.LogLevel)))
 	slog.SetDefault(log)
 	redis.SetLogger(redisLog{log})
 
@@ -117,7 +116,7 @@ func serveOn(ctx context.Context, cfgPath, listen string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	g, err := gateway.Start(ctx, gateway.Options{Config: cfg, Secrets: secrets, Log: log, Listener: ln,
+	g, err := Start(ctx, Options{Config: cfg, Secrets: secrets, Log: log, Listener: ln,
 		PolicyCacheDir: cacheDir, ConfigPath: cfgPath,
 		LoadEncoder: func(dir string) (route.Encoder, error) { return model.Load(dir) }})
 	if err != nil {

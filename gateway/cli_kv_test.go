@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ func TestKVDecodeGolden(t *testing.T) {
 			} `json:"sglang_page_hash"`
 		} `json:"hash_vectors"`
 	}
-	gb, err := os.ReadFile("../../kvstore/kvevents/testdata/golden.json")
+	gb, err := os.ReadFile("../kvstore/kvevents/testdata/golden.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestKVDecodeGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain := g.HashVectors.SHA256CBOR.Cases["plain"].U64
-	f, err := os.Open("../../kvstore/kvevents/testdata/payloads.hex.txt")
+	f, err := os.Open("../kvstore/kvevents/testdata/payloads.hex.txt")
 	if err != nil {
 		t.Fatal(err)
 	}

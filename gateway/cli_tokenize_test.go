@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bytes"
@@ -43,7 +43,7 @@ func readLines[T any](t *testing.T, path string) []T {
 // TestTokenizeJSONLCorpus feeds the 81-case corpus through `tokenize --jsonl [--special]` and compares
 // every line with HF's goldens (gateway/tokenizer/testdata/goldens).
 func TestTokenizeJSONLCorpus(t *testing.T) {
-	goldens := filepath.Join("..", "..", "gateway", "tokenizer", "testdata", "goldens")
+	goldens := filepath.Join("..", "gateway", "tokenizer", "testdata", "goldens")
 	corpus, err := os.ReadFile(filepath.Join(goldens, "corpus.jsonl"))
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestTokenizeText(t *testing.T) {
 		t.Errorf("got %q, %v", out, err)
 	}
 	// The demo model ships gzipped.
-	out, err = runTokenize(t, "Hello world", "--model", filepath.Join("..", "..", "examples", "models", "qwen3"))
+	out, err = runTokenize(t, "Hello world", "--model", filepath.Join("..", "examples", "models", "qwen3"))
 	if err != nil || out != "[9707,1879]\n" {
 		t.Errorf("demo qwen3: got %q, %v", out, err)
 	}
@@ -124,8 +124,8 @@ func TestTokenizeErrors(t *testing.T) {
 // jinja2 render in gateway/internal/chattemplate/testdata and HF's IDs in gateway/model/testdata) and checks that a request the template rejects
 // prints {"error"} and fails.
 func TestTokenizeChat(t *testing.T) {
-	renders := filepath.Join("..", "..", "gateway", "internal", "chattemplate", "testdata", "renders_py")
-	ids := filepath.Join("..", "..", "gateway", "model", "testdata", "renders")
+	renders := filepath.Join("..", "gateway", "internal", "chattemplate", "testdata", "renders_py")
+	ids := filepath.Join("..", "gateway", "model", "testdata", "renders")
 	body := `{"model":"m","messages":[{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello! What's 2+2?"}],"add_generation_prompt":true}`
 	want, err := os.ReadFile(filepath.Join(renders, "qwen3", "sys_user_gen.txt"))
 	if err != nil {

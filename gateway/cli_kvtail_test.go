@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bufio"
@@ -36,7 +36,7 @@ while time.time() < end:
 func TestKVTailLivePublisher(t *testing.T) {
 	py := testenv.PythonWith(t, "zmq")
 	var payloads []string
-	f, err := os.Open("../../kvstore/kvevents/testdata/payloads.hex.txt")
+	f, err := os.Open("../kvstore/kvevents/testdata/payloads.hex.txt")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"context"
@@ -18,7 +18,7 @@ func TestDemoFirstRequestHits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a gateway with four simulated engines")
 	}
-	t.Chdir("../..") // make run runs at the repository root; restored after serve stops
+	t.Chdir("..") // make run runs at the repository root; restored after serve stops
 	t.Setenv("KVGATE_ADMIN_TOKEN", "")
 	body, err := os.ReadFile(demoRequest)
 	if err != nil {

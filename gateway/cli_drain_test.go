@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bufio"
@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
-	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/model"
 	"github.com/kvgate/kvgate/gateway/route"
@@ -89,7 +88,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	}
 	rs := redistest.Start(t)
 	sc := sim.DefaultConfig()
-	abs, _ := filepath.Abs("../../examples/models/qwen3")
+	abs, _ := filepath.Abs("../examples/models/qwen3")
 	sc.Model, sc.ServedModelNames, sc.Host = abs, []string{"qwen3"}, "127.0.0.1"
 	sc.StepOverhead = 50 * time.Millisecond // 20 tokens a second: streams that outlast the grace
 	sc.KVEvents = sim.KVEventsConfig{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: "tcp://*:0",
@@ -150,7 +149,7 @@ models:
 	}
 	// A holds e0's ingestion lease before B starts.
 	if !testenv.WaitFor(10*time.Second, func() bool {
-		_, b := get(t, "http://"+addr+"/readyz", "s3cret")
+		_, b := getText(t, "http://"+addr+"/readyz", "s3cret")
 		return strings.Contains(b, `"ingestion":{"e0":{"connected":true`)
 	}) {
 		t.Fatal("A never ingested e0's events")
@@ -162,7 +161,7 @@ models:
 		t.Fatal(err)
 	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	b, err := gateway.Start(context.Background(), gateway.Options{Config: cfg, Listener: ln,
+	b, err := Start(context.Background(), Options{Config: cfg, Listener: ln,
 		Secrets: config.Secrets{AdminToken: "s3cret"}, Log: slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		LoadEncoder: func(dir string) (route.Encoder, error) { return model.Load(dir) }})
 	if err != nil {
@@ -193,7 +192,7 @@ models:
 	child.Process.Signal(syscall.SIGTERM)
 	// /readyz fails at once (the listener still answers).
 	if !testenv.WaitFor(500*time.Millisecond, func() bool {
-		code, body := get(t, "http://"+addr+"/readyz", "")
+		code, body := getText(t, "http://"+addr+"/readyz", "")
 		return code == 503 && strings.Contains(body, `"draining":true`)
 	}) {
 		t.Fatal("/readyz did not fail within 0.5 s of SIGTERM")
@@ -214,7 +213,7 @@ models:
 		t.Fatalf("during the grace: %d, close %v", resp.StatusCode, resp.Close)
 	}
 	// B takes e0's events over within a lease tick of the handover (not after the lease expires).
-	if !testenv.WaitFor(gateway.IngestLeaseTick+time.Second, func() bool { return len(b.IngestStats()) == 1 }) {
+	if !testenv.WaitFor(IngestLeaseTick+time.Second, func() bool { return len(b.IngestStats()) == 1 }) {
 		t.Fatal("B did not take e0's ingestion over")
 	}
 	takeover := time.Since(t0)
@@ -255,7 +254,7 @@ models:
 		failAfter.Round(time.Millisecond), takeover.Round(time.Millisecond), r2.end.Sub(t0).Round(time.Millisecond), exitAfter.Round(time.Millisecond))
 }
 
-func inFlight(t *testing.T, g *gateway.Gateway) int64 {
+func inFlight(t *testing.T, g *Gateway) int64 {
 	t.Helper()
 	m, err := g.Reservations().InFlight(context.Background(), []kvstore.EndpointID{"e0"})
 	if err != nil {
@@ -264,7 +263,8 @@ func inFlight(t *testing.T, g *gateway.Gateway) int64 {
 	return m["e0"].Requests
 }
 
-func get(t *testing.T, url, token string) (int, string) {
+// getText is a GET with an optional bearer token; a transport error comes back as status 0 and its text.
+func getText(t *testing.T, url, token string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
 	if token != "" {

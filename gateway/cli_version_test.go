@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"os/exec"
@@ -18,7 +18,7 @@ func TestVersionFlag(t *testing.T) {
 		t.Skip("no go command")
 	}
 	bin := filepath.Join(t.TempDir(), "kvgate")
-	build := exec.Command(goBin, "build", "-ldflags", "-X main.version=v9.8.7-test -X main.commit=0123456789abcdef", "-o", bin, ".")
+	build := exec.Command(goBin, "build", "-ldflags", "-X main.version=v9.8.7-test -X main.commit=0123456789abcdef", "-o", bin, "../cmd/kvgate")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
