@@ -6,8 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +22,9 @@ import (
 //	                                           written by the endpoint's ingester with plain HSET/HDEL;
 //	                                           field <8-byte key>"s" = a hold's expiry (server ms, decimal),
 //	                                           written by scripts (Record above SharedRecordMaxTTL, Demote)
+//	                                           field "~s" = "1": the holds marker, set by those scripts
+//	                                           (Match reads hold fields only where it is set); field "~":
+//	                                           the wide field (v2WideAt)
 //	<base2>{<model>}:eps                 SET   endpoints with entries under model (read by Match, cached 1 s)
 //	<base2>{<model>}:fh:<endpoint>       SET   families (3 hex) where the endpoint has a HASH (for clears)
 //	<base2>{<model>}:n:<endpoint>        STRING the endpoint's confirmed entries (for the per-endpoint cap)
