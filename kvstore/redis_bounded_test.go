@@ -218,7 +218,8 @@ func slowest(t *testing.T, c *redis.Client, what string) time.Duration {
 // TestRedisMatchMissStopsAtBlock0 checks that a Match of a prompt nobody has seen looks up one key, and a
 // prompt whose run ends at block 2 no more than its blocks (keyspace_hits + keyspace_misses of INFO stats).
 // Layout 2 (one registered endpoint): the miss looks up that endpoint's family HASH once, a 128-block hit
-// looks it up twice (block 0, then the rest).
+// looks it up twice (block 0, then the rest), and the same hit again once (Match remembers the holder of
+// block 0 and reads the whole prompt in one round trip).
 func TestRedisMatchMissStopsAtBlock0(t *testing.T) {
 	for _, l := range []struct{ layout, hit int64 }{{1, 128}, {2, 2}} {
 		t.Run("Layout"+strconv.Itoa(int(l.layout)), func(t *testing.T) { missStopsAtBlock0(t, int(l.layout), l.hit) })
@@ -272,5 +273,15 @@ func missStopsAtBlock0(t *testing.T, layout int, hitLookups int64) {
 	}
 	if got := lookups(); got != hitLookups {
 		t.Fatalf("a 128-block hit cost %d key lookups, want %d", got, hitLookups)
+	}
+	if layout != 2 {
+		return
+	}
+	c.ConfigResetStat(ctx)
+	if m, err := idx.Match(ctx, "m", other); err != nil || len(m) != 1 || m[0].GPUBlocks != 128 {
+		t.Fatalf("hit again: %+v, %v", m, err)
+	}
+	if got := lookups(); got != 1 {
+		t.Fatalf("the same 128-block hit again cost %d key lookups, want 1", got)
 	}
 }

@@ -204,3 +204,61 @@ func TestRedisLayout2SurvivesScriptFlush(t *testing.T) {
 		t.Fatalf("match %+v, %v; want %+v (a demoted, b recorded)", got, err, want)
 	}
 }
+
+// TestLayout2MatchOneRoundFollowsHolds: layout 2's Match reads a holder it remembers from its last Match of
+// the same block 0 in one round trip, tier fields only while the HASH had no holds. Two gateways' indexes
+// on one real Redis: what is ingested, recorded (a long record: hold fields in Redis) or cleared through A
+// is what B's remembering Match finds, each step checked right after B's previous Match of the prompt.
+func TestLayout2MatchOneRoundFollowsHolds(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	pfx := freshPrefix()
+	open := func() *kvstore.RedisIndex {
+		idx, err := kvstore.NewRedisIndex(srv.Client(t), kvstore.RedisConfig{Prefix: pfx, IndexLayout: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = idx.Close() })
+		return idx
+	}
+	a, b := open(), open()
+	ks := kvstore.Hasher{}.Keys(make([]uint32, 16*8), 16, kvstore.ExtraKeys{})
+	fams := make([]kvstore.Family, len(ks))
+	for i := range fams {
+		fams[i] = kvstore.FamilyOf(ks[0])
+	}
+	match := func(what string, want ...kvstore.EndpointMatch) {
+		t.Helper()
+		for round := range 2 { // B's first Match of each state may come from its memo, the second does
+			got, err := b.Match(ctx, "m", ks)
+			if err != nil || !sameMatches(got, want) {
+				t.Fatalf("%s (match %d through B): %+v, %v; want %+v", what, round, got, err, want)
+			}
+		}
+	}
+	if err := a.Apply(ctx, "m", []kvstore.Update{{Endpoint: "e0", Tier: kvstore.TierGPU, Keys: ks[:4], Families: fams[:4]}}); err != nil {
+		t.Fatal(err)
+	}
+	match("4 blocks ingested", kvstore.EndpointMatch{Endpoint: "e0", GPUBlocks: 4})
+	if err := a.Apply(ctx, "m", []kvstore.Update{{Endpoint: "e0", Tier: kvstore.TierCPU, Keys: ks[4:6], Families: fams[4:6]}}); err != nil {
+		t.Fatal(err)
+	}
+	match("2 more on CPU", kvstore.EndpointMatch{Endpoint: "e0", GPUBlocks: 4, CPUBlocks: 2})
+	// A long record (above SharedRecordMaxTTL) writes hold fields into e0's HASH: B's memo said no holds.
+	if err := a.Record(ctx, "m", "e0", ks, time.Minute+kvstore.DefaultSharedRecordMaxTTL); err != nil {
+		t.Fatal(err)
+	}
+	match("all 8 recorded", kvstore.EndpointMatch{Endpoint: "e0", GPUBlocks: 8})
+	if err := a.Apply(ctx, "m", []kvstore.Update{{Endpoint: "e0", Tier: kvstore.TierGPU, Remove: true, Keys: ks[:4], Families: fams[:4]}}); err != nil {
+		t.Fatal(err)
+	}
+	match("confirmed GPU removed, holds stay", kvstore.EndpointMatch{Endpoint: "e0", GPUBlocks: 8})
+	if err := a.ClearEndpoint(ctx, "m", "e0"); err != nil {
+		t.Fatal(err)
+	}
+	match("cleared")
+	if err := a.Apply(ctx, "m", []kvstore.Update{{Endpoint: "e0", Tier: kvstore.TierGPU, Keys: ks[:3], Families: fams[:3]}}); err != nil {
+		t.Fatal(err)
+	}
+	match("3 blocks ingested again", kvstore.EndpointMatch{Endpoint: "e0", GPUBlocks: 3})
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,9 @@ import (
 //	                                           written by the endpoint's ingester with plain HSET/HDEL;
 //	                                           field <8-byte key>"s" = a hold's expiry (server ms, decimal),
 //	                                           written by scripts (Record above SharedRecordMaxTTL, Demote)
+//	                                           field "~s" = "1": the holds marker, set by those scripts
+//	                                           (Match reads hold fields only where it is set); field "~":
+//	                                           the wide field (v2WideAt)
 //	<base2>{<model>}:eps                 SET   endpoints with entries under model (read by Match, cached 1 s)
 //	<base2>{<model>}:fh:<endpoint>       SET   families (3 hex) where the endpoint has a HASH (for clears)
 //	<base2>{<model>}:n:<endpoint>        STRING the endpoint's confirmed entries (for the per-endpoint cap)
@@ -46,6 +50,9 @@ const (
 	// 2": measured).
 	v2WideAt    = 32
 	v2WideField = "~"
+	// v2HoldsField marks a family HASH in which a script has written a hold field (Record above
+	// SharedRecordMaxTTL, Demote): Match reads the hold fields of a HASH only when it carries it.
+	v2HoldsField = "~s"
 )
 
 // v2WideValue is v2WideField's value: 65 bytes.
@@ -267,8 +274,13 @@ func (r *RedisIndex) forgetEndpoint(model string, ep EndpointID) {
 }
 
 // matchV2 is Match on layout 2: all reads in the slot of keys[0]'s family. Round 1 pipelines TIME and, per
-// registered endpoint, an HMGET of block 0's two fields; round 2 (only when some endpoint holds block 0)
-// one HMGET per holder of the other blocks' fields, in chunks of v2ReadChunk blocks.
+// candidate (registered endpoints and the shared records' holders of block 0), one HMGET of the HASH's
+// holds marker and block 0's two fields; for a candidate believed to hold block 0 (a live shared record of
+// it, or this index's last Match of the same block 0: v2Hints) the same HMGET also reads the other blocks'
+// tier fields, and their hold fields when the HASH had holds then. Round 2 (only when round 1 found a
+// holder it had not read whole) reads what is missing: the other blocks' fields of a holder it did not
+// expect, or their hold fields when the HASH carries the holds marker. So an unseen prompt costs one key
+// lookup per candidate, and a repeated one one round trip and one lookup per holder.
 func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	fam := FamilyOf(keys[0])
 	eps, err := r.v2Endpoints(ctx, model)
@@ -279,9 +291,6 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 	if r.bus != nil {
 		r.bus.start(r.c)
 		bus = r.bus.cache.liveHolders(model, keys)
-	}
-	if len(eps) == 0 && (bus == nil || len(bus[0]) == 0) {
-		return nil, nil
 	}
 	busHolds := func(i int, ep EndpointID) bool {
 		if bus == nil {
@@ -294,90 +303,199 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		}
 		return false
 	}
+	cands := eps
+	if bus != nil && len(bus[0]) > 0 { // holders known only from the shared records are read too
+		cands = append([]EndpointID(nil), eps...)
+		for _, ep := range bus[0] {
+			if !slices.Contains(cands, ep) {
+				cands = append(cands, ep)
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	hints := r.v2HintsOf(model, keys[0])
+	n := len(keys)
+	type run struct {
+		ep         EndpointID
+		hk         string
+		tiersRead  bool // tier fields of keys[1:] in round 1
+		holdsRead  bool // hold fields of keys[1:] in round 1
+		marked     bool // the HASH carries the holds marker
+		tiers      []byte
+		live       []bool
+		cmd1, cmd2 []*redis.SliceCmd
+		tiers2     bool // round 2 reads tier fields of keys[1:]
+		holds2     bool // round 2 reads hold fields of keys[1:]
+	}
+	// hmget queues HMGETs of fields (split every 2*v2ReadChunk fields) on hk.
+	hmget := func(p redis.Pipeliner, hk string, fields []string) []*redis.SliceCmd {
+		var cmds []*redis.SliceCmd
+		for i := 0; i < len(fields); i += 2 * v2ReadChunk {
+			cmds = append(cmds, p.HMGet(ctx, hk, fields[i:min(i+2*v2ReadChunk, len(fields))]...))
+		}
+		return cmds
+	}
+	// rest returns the fields of keys[1:]: per block its tier field, its hold field, or both.
+	rest := func(fields []string, tiers, holds bool) []string {
+		for _, k := range keys[1:] {
+			if tiers {
+				fields = append(fields, keyField(k))
+			}
+			if holds {
+				fields = append(fields, holdField(k))
+			}
+		}
+		return fields
+	}
+	// fill reads the values of rest(tiers, holds) from vals into rn.
+	fill := func(rn *run, vals []any, tiers, holds bool, now int64) {
+		o := 0
+		for i := 1; i < n; i++ {
+			if tiers {
+				if o < len(vals) {
+					if s, ok := vals[o].(string); ok && len(s) == 1 {
+						rn.tiers[i] = s[0] & 3
+					}
+				}
+				o++
+			}
+			if holds {
+				if o < len(vals) {
+					if s, ok := vals[o].(string); ok {
+						if exp, err := strconv.ParseInt(s, 10, 64); err == nil && exp > now {
+							rn.live[i] = true
+						}
+					}
+				}
+				o++
+			}
+		}
+	}
+	vals := func(cmds []*redis.SliceCmd) []any {
+		if len(cmds) == 1 {
+			return cmds[0].Val()
+		}
+		var vs []any
+		for _, c := range cmds {
+			vs = append(vs, c.Val()...)
+		}
+		return vs
+	}
 	// Round 1.
 	p := r.c.Pipeline()
 	tm := p.Time(ctx)
-	f0, h0 := keyField(keys[0]), holdField(keys[0])
-	first := make([]*redis.SliceCmd, len(eps))
-	for j, ep := range eps {
-		first[j] = p.HMGet(ctx, r.v2Hash(model, fam, ep), f0, h0)
+	runs := make([]*run, len(cands))
+	for j, ep := range cands {
+		h, hinted := hints[ep]
+		rn := &run{ep: ep, hk: r.v2Hash(model, fam, ep)}
+		fields := []string{v2HoldsField, keyField(keys[0]), holdField(keys[0])}
+		if n > 1 && (hinted || busHolds(0, ep)) {
+			rn.tiersRead, rn.holdsRead = true, h.holds
+			fields = rest(fields, true, h.holds)
+		}
+		rn.cmd1 = hmget(p, rn.hk, fields)
+		runs[j] = rn
 	}
 	if _, err := p.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
 	now := tm.Val().UnixMilli()
-	type run struct {
-		ep       EndpointID
-		tiers    []byte // per block: tier bits
-		holdLive []bool // per block: a live hold in Redis
-		cmds     []*redis.SliceCmd
-	}
-	var runs []*run
-	seen := map[EndpointID]bool{}
-	for j, ep := range eps {
-		t, live := parseV2(first[j].Val(), 0, now)
-		if t != 0 || live || busHolds(0, ep) {
-			runs = append(runs, &run{ep: ep, tiers: []byte{t}, holdLive: []bool{live}})
+	var held []*run
+	var again bool
+	for _, rn := range runs {
+		vs := vals(rn.cmd1)
+		if len(vs) < 3 {
+			continue
 		}
-		seen[ep] = true
-	}
-	if bus != nil { // holders known only from the shared records
-		for _, ep := range bus[0] {
-			if !seen[ep] {
-				seen[ep] = true
-				runs = append(runs, &run{ep: ep, tiers: []byte{0}, holdLive: []bool{false}})
-			}
+		rn.marked = vs[0] != nil
+		t, live := parseV2(vs, 1, now)
+		if t == 0 && !live && !busHolds(0, rn.ep) {
+			continue
 		}
+		rn.tiers, rn.live = make([]byte, n), make([]bool, n)
+		rn.tiers[0], rn.live[0] = t, live
+		if rn.tiersRead {
+			fill(rn, vs[3:], true, rn.holdsRead, now)
+		}
+		rn.tiers2 = n > 1 && !rn.tiersRead
+		rn.holds2 = n > 1 && rn.marked && !rn.holdsRead
+		again = again || rn.tiers2 || rn.holds2
+		held = append(held, rn)
 	}
-	if len(runs) == 0 {
+	if len(held) == 0 {
+		r.v2SetHints(model, keys[0], nil)
 		return nil, nil
 	}
 	// Round 2.
-	if len(keys) > 1 {
+	if again {
 		p := r.c.Pipeline()
-		for _, rn := range runs {
-			hk := r.v2Hash(model, fam, rn.ep)
-			for i := 1; i < len(keys); i += v2ReadChunk {
-				end := min(i+v2ReadChunk, len(keys))
-				fs := make([]string, 0, 2*(end-i))
-				for _, k := range keys[i:end] {
-					fs = append(fs, keyField(k), holdField(k))
-				}
-				rn.cmds = append(rn.cmds, p.HMGet(ctx, hk, fs...))
+		for _, rn := range held {
+			if rn.tiers2 || rn.holds2 {
+				rn.cmd2 = hmget(p, rn.hk, rest(nil, rn.tiers2, rn.holds2))
 			}
 		}
 		if _, err := p.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("kvstore: redis match: %w", err)
 		}
+		for _, rn := range held {
+			if rn.cmd2 != nil {
+				fill(rn, vals(rn.cmd2), rn.tiers2, rn.holds2, now)
+			}
+		}
 	}
-	out := make([]EndpointMatch, 0, len(runs))
-	for _, rn := range runs {
+	out := make([]EndpointMatch, 0, len(held))
+	next := make(map[EndpointID]v2Hint, len(held))
+	for _, rn := range held {
+		next[rn.ep] = v2Hint{holds: rn.marked}
 		m := EndpointMatch{Endpoint: rn.ep}
-		count := func(t byte, live bool) {
-			if t&1 != 0 || live {
+		for i := 0; i < n; i++ {
+			live := rn.live[i] || busHolds(i, rn.ep)
+			if rn.tiers[i]&3 == 0 && !live {
+				break
+			}
+			if rn.tiers[i]&1 != 0 || live {
 				m.GPUBlocks++
 			} else {
 				m.CPUBlocks++
 			}
 		}
-		count(rn.tiers[0], rn.holdLive[0] || busHolds(0, rn.ep))
-		i := 1
-	blocks:
-		for _, c := range rn.cmds {
-			vals := c.Val()
-			for o := 0; o+1 < len(vals); o += 2 {
-				t, live := parseV2(vals, o, now)
-				live = live || busHolds(i, rn.ep)
-				if t&3 == 0 && !live {
-					break blocks
-				}
-				count(t, live)
-				i++
-			}
-		}
 		out = append(out, m)
 	}
+	r.v2SetHints(model, keys[0], next)
 	return out, nil
+}
+
+// v2Hint is what Match remembers of a holder of a prompt's block 0 (v2HintsOf).
+type v2Hint struct {
+	holds bool // its family HASH carried the holds marker
+}
+
+// v2MaxHints bounds the block-0 keys whose holders Match remembers (the memo is emptied when full).
+const v2MaxHints = 1 << 16
+
+// v2HintsOf returns the holders of block 0 key k0 under model at this index's last Match of it (nil: none
+// remembered). Only a guess of what to read in one round trip: Match reads block 0 of every candidate all
+// the same.
+func (r *RedisIndex) v2HintsOf(model string, k0 BlockKey) map[EndpointID]v2Hint {
+	r.emu.Lock()
+	defer r.emu.Unlock()
+	return r.hints[recKey{model, k0}]
+}
+
+func (r *RedisIndex) v2SetHints(model string, k0 BlockKey, h map[EndpointID]v2Hint) {
+	r.emu.Lock()
+	defer r.emu.Unlock()
+	rk := recKey{model, k0}
+	if len(h) == 0 {
+		delete(r.hints, rk)
+		return
+	}
+	if r.hints == nil || len(r.hints) >= v2MaxHints {
+		r.hints = map[recKey]map[EndpointID]v2Hint{}
+	}
+	r.hints[rk] = h
 }
 
 // parseV2 reads one block's (tier field, hold field) pair of an HMGET reply at vals[o:o+2].
@@ -899,4 +1017,5 @@ type v2State struct {
 	lstop    chan struct{}
 	emu      sync.Mutex
 	eps      map[string]v2Eps
+	hints    map[recKey]map[EndpointID]v2Hint // Match's memo of block-0 holders (v2HintsOf)
 }

@@ -78,7 +78,9 @@ type Store struct {
 // Errors of a Redis that cannot serve are ErrUnavailable (ClassifyRedisErrors); on a standalone Redis every
 // new connection is checked against the expected epoch (RedisEpoch).
 // Redis calls honour their context's deadline (go-redis ContextTimeoutEnabled), so a caller's deadline
-// bounds a call to a hung server. Close releases it.
+// bounds a call to a hung server. The client speaks RESP2 (Protocol 2): nothing here uses RESP3's push
+// replies or client-side caching, and go-redis's RESP3 client checks for pushed messages before every
+// command (RATIONALE.md, "The hot path": measured). Close releases it.
 func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	switch cfg.Kind {
 	case "", "memory":
@@ -106,13 +108,13 @@ func OpenStore(ctx context.Context, cfg StoreConfig) (*Store, error) {
 	var c redis.UniversalClient
 	if cfg.Cluster {
 		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password,
-			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true})
+			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true, Protocol: 2})
 	} else {
 		if len(cfg.Addrs) != 1 {
 			return nil, fmt.Errorf("kvstore: %d redis addrs without cluster: %w", len(cfg.Addrs), ErrInvalidArgument)
 		}
 		c = redis.NewClient(&redis.Options{Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, DB: cfg.DB,
-			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true, OnConnect: ep.checkConn})
+			TLSConfig: cfg.TLS, ContextTimeoutEnabled: true, OnConnect: ep.checkConn, Protocol: 2})
 	}
 	ep.c = c
 	ClassifyRedisErrors(c)

@@ -471,13 +471,15 @@ func (b *bench) printRedis(phases []redisPhase, ing ingestResult, clr clearResul
 	w.Flush()
 	for _, p := range phases {
 		var parts []string
-		for i, c := range p.Commands {
-			if i == 6 {
-				break
+		calls := 0.0
+		for _, c := range p.Commands {
+			calls += c.Calls
+			if c.Calls < 0.05 {
+				continue
 			}
 			parts = append(parts, fmt.Sprintf("%s %.1f× %.0f µs", c.Name, c.Calls, c.Use))
 		}
-		fmt.Fprintf(b.out, "  %s, per request: %s\n", p.Name, strings.Join(parts, ", "))
+		fmt.Fprintf(b.out, "  %s, per request (%.1f commands): %s\n", p.Name, calls, strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(b.out, "ingestion (replay of the fresh phase's %d recorded event batches, %d blocks): %.2f µs Redis CPU per block (≤ %s %s), %.0f k blocks/s wall\n",
 		ing.Batches, ing.Blocks, float64(ing.PerBlock.Nanoseconds())/1e3, us(targetIngestPerBlk), verdict(ing.PerBlock <= targetIngestPerBlk),

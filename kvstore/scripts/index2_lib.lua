@@ -2,7 +2,8 @@
 -- are plain commands). A family HASH (<base>{<family>:<model>}:h:<endpoint>) holds the endpoint's blocks
 -- of one prompt family: field <8-byte block key> = one byte of tier bits (1 GPU, 2 CPU), written only by
 -- the endpoint's ingester; field <8-byte block key>s = a speculative or unconfirmed hold's expiry (server
--- ms, decimal), written only by these scripts.
+-- ms, decimal), written only by these scripts, which also set the holds marker field '~s' = '1' (Match
+-- reads hold fields only in a HASH that has it); field '~' is the wide field (widen).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function ms(v) return string.format('%.0f', v) end
