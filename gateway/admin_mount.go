@@ -3,7 +3,7 @@ package gateway
 import (
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway/internal/admin"
 )
 
 // mountAdmin mounts the admin API on the server's /admin/v1 group.

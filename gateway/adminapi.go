@@ -1,6 +1,6 @@
 package gateway
 
-import "github.com/kvgate/kvgate/gateway/admin"
+import "github.com/kvgate/kvgate/gateway/internal/admin"
 
 // The admin API's JSON bodies (README.md, "Admin API and policies"), for programs that call a running gateway's
 // /admin/v1 routes: the process harness of the benchmark and the end-to-end tests

@@ -14,8 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvgate/kvgate/gateway/admin"
-	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/internal/admin"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/sdk"
 )
 

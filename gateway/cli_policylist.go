@@ -8,8 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/kvgate/kvgate/gateway/admin"
-	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/internal/admin"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 )
 
 // policyListTable renders GET /admin/v1/policies for humans: what the asked gateway serves per model and

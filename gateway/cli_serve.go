@@ -21,8 +21,8 @@ import (
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/internal/model"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 )
 
 // newServeCmd returns `kvgate serve --config FILE`: run the gateway until SIGINT/SIGTERM.

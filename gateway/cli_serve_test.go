@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/plugins"
 )
 

@@ -10,9 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/gateway/openai"
-	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/gateway/internal/model"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
+	"github.com/kvgate/kvgate/gateway/internal/tokenizer"
 )
 
 // errReported is returned after the failure was already written to stdout as {"error": ...}; it makes the

@@ -41,9 +41,9 @@ func readLines[T any](t *testing.T, path string) []T {
 }
 
 // TestTokenizeJSONLCorpus feeds the 81-case corpus through `tokenize --jsonl [--special]` and compares
-// every line with HF's goldens (gateway/tokenizer/testdata/goldens).
+// every line with HF's goldens (gateway/internal/tokenizer/testdata/goldens).
 func TestTokenizeJSONLCorpus(t *testing.T) {
-	goldens := filepath.Join("..", "gateway", "tokenizer", "testdata", "goldens")
+	goldens := filepath.Join("internal", "tokenizer", "testdata", "goldens")
 	corpus, err := os.ReadFile(filepath.Join(goldens, "corpus.jsonl"))
 	if err != nil {
 		t.Fatal(err)
@@ -121,11 +121,11 @@ func TestTokenizeErrors(t *testing.T) {
 }
 
 // TestTokenizeChat renders a reference conversation with --chat (prompt and IDs must equal the Python
-// jinja2 render in gateway/internal/chattemplate/testdata and HF's IDs in gateway/model/testdata) and checks that a request the template rejects
+// jinja2 render in gateway/internal/chattemplate/testdata and HF's IDs in gateway/internal/model/testdata) and checks that a request the template rejects
 // prints {"error"} and fails.
 func TestTokenizeChat(t *testing.T) {
 	renders := filepath.Join("..", "gateway", "internal", "chattemplate", "testdata", "renders_py")
-	ids := filepath.Join("..", "gateway", "model", "testdata", "renders")
+	ids := filepath.Join("internal", "model", "testdata", "renders")
 	body := `{"model":"m","messages":[{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello! What's 2+2?"}],"add_generation_prompt":true}`
 	want, err := os.ReadFile(filepath.Join(renders, "qwen3", "sys_user_gen.txt"))
 	if err != nil {

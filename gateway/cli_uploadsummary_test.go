@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway/internal/admin"
 )
 
 // A module rejected before its sample snapshots ran (warm-up trap) says so, instead of "0 of 0 sample

@@ -1,6 +1,6 @@
 // Package gateway assembles one kvgate gateway from its configuration: the store (memory or Redis), the
 // policy host with each model's configured policy, endpoint probes, per-endpoint KV-event ingesters, the
-// routing pipeline (gateway/route) and the HTTP server (gateway/internal/server) with the admin API (gateway/admin).
+// routing pipeline (gateway/internal/route) and the HTTP server (gateway/internal/server) with the admin API (gateway/internal/admin).
 // `kvgate serve` calls Start; tests start several in one process.
 //
 // Sub-packages: config (the YAML file), openai (errors, request fields, token-ID splicing), endpoints

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 	"github.com/kvgate/kvgate/gateway/internal/server"
-	"github.com/kvgate/kvgate/gateway/openai"
 )
 
 func openaiParse(body string) (*openai.Request, error) {

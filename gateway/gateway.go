@@ -22,11 +22,11 @@ import (
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/internal/endpoints"
 	"github.com/kvgate/kvgate/gateway/internal/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/gateway/internal/server"
 	"github.com/kvgate/kvgate/gateway/internal/tlsconf"
 	"github.com/kvgate/kvgate/gateway/internal/tracing"
 	"github.com/kvgate/kvgate/gateway/internal/upstream"
-	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/kvevents"
 	"github.com/kvgate/kvgate/plugins"
@@ -41,7 +41,7 @@ type Options struct {
 	Config *config.Config
 	// Secrets are read from the environment by the caller (config.Config.Secrets).
 	Secrets config.Secrets
-	// LoadEncoder loads a model's tokenizer directory (gateway/model.Load in production).
+	// LoadEncoder loads a model's tokenizer directory (gateway/internal/model.Load in production).
 	LoadEncoder func(dir string) (route.Encoder, error)
 	// Listener, if set, is served instead of listening on Config.Listen.
 	Listener net.Listener

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/gateway/route"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/plugins"
 )
 

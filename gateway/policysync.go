@@ -15,7 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/gateway/admin"
+	"github.com/kvgate/kvgate/gateway/internal/admin"
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/plugins"
 )

@@ -23,8 +23,8 @@ import (
 	"github.com/openai/openai-go/option"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
-	"github.com/kvgate/kvgate/gateway/admin"
 	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/internal/admin"
 	"github.com/kvgate/kvgate/kvstore"
 )
 

@@ -8,9 +8,9 @@ import (
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/internal/driftguard"
 	"github.com/kvgate/kvgate/gateway/internal/endpoints"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/gateway/internal/upstream"
-	"github.com/kvgate/kvgate/gateway/openai"
-	"github.com/kvgate/kvgate/gateway/route"
 )
 
 // tokenIDs is the gateway's chat token-ID forwarding: each endpoint's chat_token_ids field and the drift
@@ -121,7 +121,7 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 }
 
 // idsJSONAppender is an encoder that formats the token IDs it returned as JSON faster than
-// openai.AppendIDs, with the same text (gateway/model.Model: a conversation's next turn formats only its
+// openai.AppendIDs, with the same text (gateway/internal/model.Model: a conversation's next turn formats only its
 // new IDs).
 type idsJSONAppender interface {
 	AppendIDsJSON(dst []byte, ids []uint32, format func(dst []byte, ids []uint32) []byte) []byte

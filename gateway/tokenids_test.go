@@ -19,7 +19,7 @@ import (
 	"github.com/openai/openai-go/option"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
-	kvopenai "github.com/kvgate/kvgate/gateway/openai"
+	kvopenai "github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 // recorder is an openai-go middleware keeping the exact bytes the client sent.

@@ -41,7 +41,7 @@ func (s *slowGrant) Reserve(ctx context.Context, ranked []Candidate, cost Cost, 
 // after this gateway's store-down reservations filled its cap, must not be counted beside them. Found by
 // TestOutageOnsetCapsHold (gateway package, ~1 run in 3 on a loaded box): a gateway's ledger traced RES with
 // onstore=true and own=3 while down, cap 2, and the fleet's ledgers summed to 9 on a limit of 8. Before the fix
-// this test's gateway held 3 with a cap of 2. (Moved from gateway/route with the ledger.)
+// this test's gateway held 3 with a cap of 2. (Moved from gateway/internal/route with the ledger.)
 func TestGrantAfterOutageOnset(t *testing.T) {
 	rs := redistest.Start(t)
 	st, err := OpenStore(context.Background(), StoreConfig{Kind: "redis", Addrs: []string{rs.Addr}})

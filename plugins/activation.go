@@ -14,7 +14,7 @@ import (
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 
-	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/plugins/internal/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/plugins/internal/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
 

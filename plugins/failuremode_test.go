@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/plugins/internal/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/plugins/internal/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
 

@@ -1,6 +1,6 @@
 package plugins
 
-import "github.com/kvgate/kvgate/plugins/threetier"
+import "github.com/kvgate/kvgate/plugins/internal/threetier"
 
 // ThreeTierConfig is the native three-tier ranking's parameters, the built-in policy's JSON config
 // (imbalance_threshold in requests, match_threshold and cpu_weight in [0,1]).

@@ -505,9 +505,9 @@ func verdict(ok bool) string {
 	return "NOT met"
 }
 
-// readBenchText returns the tokenizer's 1 MB bench text (gateway/tokenizer/testdata/goldens/bench.txt.gz).
+// readBenchText returns the tokenizer's 1 MB bench text (gateway/internal/tokenizer/testdata/goldens/bench.txt.gz).
 func readBenchText(root string) (string, error) {
-	f, err := os.Open(filepath.Join(root, "gateway", "tokenizer", "testdata", "goldens", "bench.txt.gz"))
+	f, err := os.Open(filepath.Join(root, "gateway", "internal", "tokenizer", "testdata", "goldens", "bench.txt.gz"))
 	if err != nil {
 		return "", err
 	}

@@ -2,14 +2,14 @@
 // exactly as the gateway does: the engine simulator (cmd/enginesim/sim) and the benchmark
 // (cmd/kvgate-bench). A Model renders an OpenAI chat body with the model's chat template and encodes it,
 // encodes completion prompts and plain text, and decodes token IDs, with the same code and caches the
-// gateway routes with (gateway/model); this package only narrows that API to what those programs call.
+// gateway routes with (gateway/internal/model); this package only narrows that API to what those programs call.
 //
 // A Model is safe for concurrent use. The slices it returns are read-only.
 package textmodel
 
 import (
-	"github.com/kvgate/kvgate/gateway/model"
-	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/gateway/internal/model"
+	"github.com/kvgate/kvgate/gateway/internal/tokenizer"
 )
 
 // Model is one model directory's tokenizer and, unless loaded with LoadTokenizer, its chat template.

@@ -233,7 +233,7 @@ func (c *pathChecker) exists(p string) bool {
 	p = strings.TrimSuffix(p, "/")
 	if i := strings.LastIndexByte(p, '/'); i >= 0 {
 		if j := strings.IndexByte(p[i:], '.'); j > 0 && p[i+j+1:] != "" && isIdent(p[i+j+1:]) {
-			p = p[:i+j] // a Go identifier: gateway/model.Model, kvstore/testenv.Command
+			p = p[:i+j] // a Go identifier: gateway/internal/model.Model, kvstore/testenv.Command
 		}
 	}
 	if strings.ContainsAny(p, "*{") {

@@ -37,12 +37,6 @@ var public = []string{
 // move only rewrites paths.
 var toMove = []string{
 	// BEGIN toMove
-	"gateway/admin",
-	"gateway/model",
-	"gateway/openai",
-	"gateway/route",
-	"gateway/tokenizer",
-	"plugins/threetier",
 	// END toMove
 }
 

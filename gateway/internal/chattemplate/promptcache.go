@@ -17,7 +17,7 @@ import (
 //
 // Prompts returned through a PromptCache are views of its append-only arrays: bytes below an array's
 // length are never written again, and a conversation's consecutive prompts share their common prefix's
-// memory (so a later exact comparison of the two, such as gateway/model's prefix cache does, finds the
+// memory (so a later exact comparison of the two, such as gateway/internal/model's prefix cache does, finds the
 // same pointer and costs nothing). It is a bounded LRU split into shards by key; safe for concurrent use.
 type PromptCache struct {
 	seed   maphash.Seed

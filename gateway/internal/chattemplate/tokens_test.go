@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/gateway/internal/tokenizer"
 	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
@@ -15,7 +15,7 @@ import (
 func needModel(t *testing.T, model string) string { t.Helper(); return testenv.ModelDir(t, model) }
 
 // TestRenderTokenIDs encodes every reference render (add_special_tokens=false, as vLLM encodes chat
-// prompts) with gateway/tokenizer and compares with the IDs HF's Rust tokenizers produced
+// prompts) with gateway/internal/tokenizer and compares with the IDs HF's Rust tokenizers produced
 // (testdata/render_ids.json, written by testdata/gen/render_ids.mjs). It also checks that what Render
 // returns for each conversation encodes to the same IDs.
 func TestRenderTokenIDs(t *testing.T) {

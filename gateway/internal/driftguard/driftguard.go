@@ -48,7 +48,7 @@ func TokenizePath(engine string) string {
 	return "/tokenize"
 }
 
-// Encoder renders and tokenizes a chat body as the gateway does (gateway/model.Model.EncodeChat).
+// Encoder renders and tokenizes a chat body as the gateway does (gateway/internal/model.Model.EncodeChat).
 type Encoder interface {
 	EncodeChat(body []byte) (prompt string, ids []uint32, err error)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/cmd/enginesim/sim"
-	"github.com/kvgate/kvgate/gateway/model"
+	"github.com/kvgate/kvgate/gateway/internal/model"
 	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 

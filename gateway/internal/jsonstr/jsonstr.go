@@ -1,5 +1,5 @@
 // Package jsonstr decodes JSON string literals (RFC 8259): the one unescaper that the chat template's request
-// scanner (gateway/internal/chattemplate) and the tokenizer's file reader (gateway/tokenizer) share. Callers keep
+// scanner (gateway/internal/chattemplate) and the tokenizer's file reader (gateway/internal/tokenizer) share. Callers keep
 // their own fast paths for strings without escapes and call AppendUnquoted for the rest.
 package jsonstr
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 // NormalizePath returns the canonical form of a raw request path used for the auth decision: percent-escapes

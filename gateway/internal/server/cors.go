@@ -7,7 +7,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 // CORS (config key `cors`, gateway/config/cors.go): off unless allowed origins are configured.

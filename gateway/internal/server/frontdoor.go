@@ -15,9 +15,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/gateway/internal/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/gateway/internal/upstream"
-	"github.com/kvgate/kvgate/gateway/openai"
-	"github.com/kvgate/kvgate/gateway/route"
 )
 
 // smallBodyLimit is the body limit of routes that take no body (GET /v1/models, /healthz, ...) and of a

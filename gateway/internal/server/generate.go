@@ -19,9 +19,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/kvgate/kvgate/gateway/internal/openai"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/gateway/internal/upstream"
-	"github.com/kvgate/kvgate/gateway/openai"
-	"github.com/kvgate/kvgate/gateway/route"
 )
 
 // generate serves the generation APIs (POST /v1/chat/completions, /v1/completions, /v1/responses,

@@ -1,8 +1,8 @@
 // Package server is the gateway's HTTP front: a Fiber v2 app serving the OpenAI API (POST
 // /v1/chat/completions, POST /v1/completions, GET /v1/models; surface.go: GET /v1/models/{id}, POST
 // /v1/responses, POST /v1/embeddings, vLLM's POST /tokenize and /detokenize), /healthz, /readyz and /metrics, with one auth
-// middleware in front of every route and the admin API mounted under /admin/v1 (gateway/admin). A generation
-// request is planned and reserved by gateway/route, forwarded by gateway/internal/upstream, streamed back event by
+// middleware in front of every route and the admin API mounted under /admin/v1 (gateway/internal/admin). A generation
+// request is planned and reserved by gateway/internal/route, forwarded by gateway/internal/upstream, streamed back event by
 // event, and its lease released when the response ends or the client goes away.
 package server
 
@@ -29,9 +29,9 @@ import (
 	"github.com/kvgate/kvgate/gateway/config"
 	"github.com/kvgate/kvgate/gateway/internal/endpoints"
 	"github.com/kvgate/kvgate/gateway/internal/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/gateway/internal/upstream"
-	"github.com/kvgate/kvgate/gateway/openai"
-	"github.com/kvgate/kvgate/gateway/route"
 	"github.com/kvgate/kvgate/kvstore"
 )
 

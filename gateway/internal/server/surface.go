@@ -10,9 +10,9 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/kvgate/kvgate/gateway/openai"
-	"github.com/kvgate/kvgate/gateway/route"
-	"github.com/kvgate/kvgate/gateway/tokenizer"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
+	"github.com/kvgate/kvgate/gateway/internal/route"
+	"github.com/kvgate/kvgate/gateway/internal/tokenizer"
 )
 
 // The rest of the OpenAI surface a client expects beside chat and completions: GET /v1/models/{id},
@@ -115,7 +115,7 @@ func (s *Server) getModel(c *fiber.Ctx) error {
 	return c.Send(m)
 }
 
-// textModel is what /tokenize and /detokenize need of a model's encoder (gateway/model.Model).
+// textModel is what /tokenize and /detokenize need of a model's encoder (gateway/internal/model.Model).
 type textModel interface {
 	route.Encoder
 	Tokenizer() *tokenizer.Tokenizer

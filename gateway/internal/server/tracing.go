@@ -12,8 +12,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/internal/metrics"
+	"github.com/kvgate/kvgate/gateway/internal/route"
 	"github.com/kvgate/kvgate/gateway/internal/tracing"
-	"github.com/kvgate/kvgate/gateway/route"
 )
 
 // requestCarrier reads a client's W3C trace headers from the fasthttp request.

@@ -7,7 +7,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 // Reasons a chat request went to an engine with its original body although its endpoint takes token IDs:
@@ -49,7 +49,7 @@ func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) 
 }
 
 // ChatBodyJSON is ChatBody with the IDs already written as a JSON array (openai.AppendIDs's text, e.g.
-// from gateway/model's AppendIDsJSON, which formats only the IDs a conversation's cached text lacks).
+// from gateway/internal/model's AppendIDsJSON, which formats only the IDs a conversation's cached text lacks).
 // idsJSON is copied into out; the caller may reuse it afterwards.
 func ChatBodyJSON(mode string, body []byte, idsJSON []byte) (out []byte, skip string) {
 	var key string

@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 // Body returns the bytes to send to an engine of kind (config.EngineSim, EngineVLLM, EngineSGLang) for a

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/gateway/config"
-	"github.com/kvgate/kvgate/gateway/openai"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 func TestBodyPerEngineKind(t *testing.T) {

@@ -1,5 +1,5 @@
 // Command threetier is the built-in default routing policy as a Wasm module: the three-tier algorithm of
-// package plugins/threetier registered with the SDK. Build (as `make policies` does):
+// package plugins/internal/threetier registered with the SDK. Build (as `make policies` does):
 //
 //	GOOS=wasip1 GOARCH=wasm go build -trimpath -buildvcs=false -buildmode=c-shared -o plugins/builtin/threetier.wasm ./plugins/builtin/threetier
 //
@@ -8,7 +8,7 @@
 package main
 
 import (
-	"github.com/kvgate/kvgate/plugins/threetier"
+	"github.com/kvgate/kvgate/plugins/internal/threetier"
 	"github.com/kvgate/kvgate/sdk"
 )
 

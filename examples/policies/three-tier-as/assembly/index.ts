@@ -1,4 +1,4 @@
-// kvgate three-tier routing policy in AssemblyScript: a port of plugins/threetier (DESIGN.md) against
+// kvgate three-tier routing policy in AssemblyScript: a port of plugins/internal/threetier (DESIGN.md) against
 // ABI v1 (plugins/ABI.md). It must rank every snapshot exactly like the Go version; main_test.go checks
 // 10,000 random snapshots. Config: only the defaults (imbalance 8, match 0.10, CPU weight 0.8); a
 // non-empty config other than "{}" is rejected with -3.
