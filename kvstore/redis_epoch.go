@@ -19,8 +19,7 @@ var ErrEpochChanged = errors.New("kvstore: redis store epoch changed (restarted 
 
 // epochScript sets the marker to ARGV[1] unless it exists, and returns the marker: the first gateway to ask
 // after a store (re)starts empty names the new epoch, every other gateway reads the same value.
-var epochScript = redis.NewScript(`redis.call('SET', KEYS[1], ARGV[1], 'NX')
-return redis.call('GET', KEYS[1])`)
+var epochScript = script("epoch")
 
 // RedisEpoch is the Redis store's epoch marker (Guarded's Remote): a random value at
 // "<prefix>:v1:{res}:epoch" that a restart without persistence (or a FLUSHALL) removes. It shares the

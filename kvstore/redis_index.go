@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -56,32 +55,15 @@ func (c RedisConfig) base() (string, error) {
 	return p + ":" + LayoutVersion + ":", nil
 }
 
+// The v1 index scripts: scripts/index_lib.lua followed by each script's own file.
 var (
-	//go:embed scripts/index_lib.lua
-	luaIndexLib string
-	//go:embed scripts/index_match.lua
-	luaIndexMatch string
-	//go:embed scripts/index_add.lua
-	luaIndexAdd string
-	//go:embed scripts/index_remove.lua
-	luaIndexRemove string
-	//go:embed scripts/index_record.lua
-	luaIndexRecord string
-	//go:embed scripts/index_clear.lua
-	luaIndexClear string
-	//go:embed scripts/index_clear_confirmed.lua
-	luaIndexClearConfirmed string
-	//go:embed scripts/index_demote.lua
-	luaIndexDemote string
-
-	scriptIndexMatch  = redis.NewScript(luaIndexLib + luaIndexMatch)
-	scriptIndexAdd    = redis.NewScript(luaIndexLib + luaIndexAdd)
-	scriptIndexRemove = redis.NewScript(luaIndexLib + luaIndexRemove)
-	scriptIndexRecord = redis.NewScript(luaIndexLib + luaIndexRecord)
-	scriptIndexClear  = redis.NewScript(luaIndexLib + luaIndexClear)
-
-	scriptIndexClearConfirmed = redis.NewScript(luaIndexLib + luaIndexClearConfirmed)
-	scriptIndexDemote         = redis.NewScript(luaIndexLib + luaIndexDemote)
+	scriptIndexMatch          = script("index_lib", "index_match")
+	scriptIndexAdd            = script("index_lib", "index_add")
+	scriptIndexRemove         = script("index_lib", "index_remove")
+	scriptIndexRecord         = script("index_lib", "index_record")
+	scriptIndexClear          = script("index_lib", "index_clear")
+	scriptIndexClearConfirmed = script("index_lib", "index_clear_confirmed")
+	scriptIndexDemote         = script("index_lib", "index_demote")
 )
 
 // RedisIndex is the Redis Index. Every call is one Lua script (one round trip), and all keys of one model

@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	_ "embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -59,22 +58,11 @@ const (
 var v2WideValue = strings.Repeat("-", 65)
 
 var (
-	//go:embed scripts/index2_lib.lua
-	luaIndex2Lib string
-	//go:embed scripts/index2_record.lua
-	luaIndex2Record string
-	//go:embed scripts/index2_demote.lua
-	luaIndex2Demote string
-	//go:embed scripts/index2_clear_confirmed.lua
-	luaIndex2ClearConfirmed string
-	//go:embed scripts/index2_evict.lua
-	luaIndex2Evict string
-
 	// The wide field's name and value are the scripts' too (index2_lib.lua: wide).
-	scriptIndex2Record         = redis.NewScript(luaIndex2Lib + luaIndex2Record)
-	scriptIndex2Demote         = redis.NewScript(luaIndex2Lib + luaIndex2Demote)
-	scriptIndex2ClearConfirmed = redis.NewScript(luaIndex2Lib + luaIndex2ClearConfirmed)
-	scriptIndex2Evict          = redis.NewScript(luaIndex2Evict)
+	scriptIndex2Record         = script("index2_lib", "index2_record")
+	scriptIndex2Demote         = script("index2_lib", "index2_demote")
+	scriptIndex2ClearConfirmed = script("index2_lib", "index2_clear_confirmed")
+	scriptIndex2Evict          = script("index2_evict")
 	index2Scripts              = []*redis.Script{scriptIndex2Record, scriptIndex2Demote, scriptIndex2ClearConfirmed, scriptIndex2Evict}
 )
 
