@@ -3,12 +3,14 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,8 +58,19 @@ func TestRequestMetricLabels(t *testing.T) {
 			t.Fatalf("%s: %d %s", body, st, b)
 		}
 	}
-	if st, _, _ := post(t, base+"/v1/completions", `{"model":"qwen3","prompt":"`+strings.Repeat("a", 70000)+`"}`); st != 413 {
-		t.Fatalf("large body: %d", st)
+	// The gateway answers 413 on the declared length and closes without reading the body, so a client still
+	// writing it can get a reset before it reads the answer (no lingering close yet; see gateway/RATIONALE.md
+	// "Why decide auth on the headers, before the body?"). Either way the gateway counted a 413, which the
+	// series check below asserts.
+	big, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(`{"model":"qwen3","prompt":"`+strings.Repeat("a", 70000)+`"}`))
+	big.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(big); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != 413 {
+			t.Fatalf("large body: %d", resp.StatusCode)
+		}
+	} else if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("large body: %v", err)
 	}
 	// Hang up on a stream after its first event, and on a non-streaming request while it generates.
 	for _, stream := range []bool{true, false} {
