@@ -328,23 +328,7 @@ func TestRankLargeFleets(t *testing.T) {
 			n = []int{64, 65, 128, 129, 256, 512, 1024}[iter/8%7]
 		}
 		maxLoad := []int{2, 41, 1000, 1 << 20}[iter%4]
-		s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: uint32(rng.IntN(4097)), BlockSize: 16, Seed: rng.Uint64()}}
-		blocks := int(s.Request.PromptTokens / 16)
-		for i := range n {
-			e := sdk.Endpoint{Index: uint32(i), Waiting: uint32(rng.IntN(maxLoad)), InFlightRequests: uint32(rng.IntN(21))}
-			if rng.IntN(8) != 0 {
-				e.Flags = sdk.FlagHealthy
-			}
-			if blocks > 0 && rng.IntN(3) == 0 {
-				m := rng.IntN(blocks + 1)
-				e.GPUBlocks = uint32(rng.IntN(m + 1))
-				e.CPUBlocks = uint32(m) - e.GPUBlocks
-			}
-			if iter%3 == 0 && e.Waiting < uint32(maxLoad)/2 || iter%5 == 1 { // balance; miss
-				e.GPUBlocks, e.CPUBlocks = 0, 0
-			}
-			s.Endpoints = append(s.Endpoints, e)
-		}
+		s := randomFleet(rng, n, maxLoad, iter%3 == 0, iter%5 == 1)
 		r := New(DefaultConfig())
 		want, wantTier := refRank(r.Config, s)
 		got, gotTier := r.Rank(s, nil)
@@ -431,23 +415,7 @@ func TestRankFleetsTo2048(t *testing.T) {
 			n = sizes[iter/3%len(sizes)]
 		}
 		maxLoad := []int{3, 61, 5000}[iter%3]
-		s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: uint32(rng.IntN(4097)), BlockSize: 16, Seed: rng.Uint64()}}
-		blocks := int(s.Request.PromptTokens / 16)
-		for i := range n {
-			e := sdk.Endpoint{Index: uint32(i), Waiting: uint32(rng.IntN(maxLoad)), InFlightRequests: uint32(rng.IntN(21))}
-			if rng.IntN(8) != 0 {
-				e.Flags = sdk.FlagHealthy
-			}
-			if blocks > 0 && rng.IntN(3) == 0 {
-				m := rng.IntN(blocks + 1)
-				e.GPUBlocks = uint32(rng.IntN(m + 1))
-				e.CPUBlocks = uint32(m) - e.GPUBlocks
-			}
-			if iter%4 == 1 && e.Waiting < uint32(maxLoad)/2 || iter%5 == 2 { // balance; miss
-				e.GPUBlocks, e.CPUBlocks = 0, 0
-			}
-			s.Endpoints = append(s.Endpoints, e)
-		}
+		s := randomFleet(rng, n, maxLoad, iter%4 == 1, iter%5 == 2)
 		r := New(cfgs[iter%len(cfgs)])
 		want, wantTier := refRank(r.Config, s)
 		got, gotTier := r.Rank(s, nil)
@@ -461,4 +429,28 @@ func TestRankFleetsTo2048(t *testing.T) {
 			t.Errorf("only %d snapshots took %v: %v", tiers[tr], tr, tiers)
 		}
 	}
+}
+
+// randomFleet is a snapshot of n endpoints with random loads below maxLoad, health and GPU/CPU matches for a
+// random prompt. balance clears the matches of endpoints under half of maxLoad (the balance tier's case),
+// miss clears every match (a prompt no endpoint holds).
+func randomFleet(rng *rand.Rand, n, maxLoad int, balance, miss bool) *sdk.Snapshot {
+	s := &sdk.Snapshot{Request: sdk.Request{PromptTokens: uint32(rng.IntN(4097)), BlockSize: 16, Seed: rng.Uint64()}}
+	blocks := int(s.Request.PromptTokens / 16)
+	for i := range n {
+		e := sdk.Endpoint{Index: uint32(i), Waiting: uint32(rng.IntN(maxLoad)), InFlightRequests: uint32(rng.IntN(21))}
+		if rng.IntN(8) != 0 {
+			e.Flags = sdk.FlagHealthy
+		}
+		if blocks > 0 && rng.IntN(3) == 0 {
+			m := rng.IntN(blocks + 1)
+			e.GPUBlocks = uint32(rng.IntN(m + 1))
+			e.CPUBlocks = uint32(m) - e.GPUBlocks
+		}
+		if balance && e.Waiting < uint32(maxLoad)/2 || miss {
+			e.GPUBlocks, e.CPUBlocks = 0, 0
+		}
+		s.Endpoints = append(s.Endpoints, e)
+	}
+	return s
 }
