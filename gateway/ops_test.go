@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -34,6 +35,13 @@ func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // lines returns the decoded log lines whose attributes include every key=value of match.
@@ -79,6 +87,18 @@ func (p *recordingProxy) start(t *testing.T, target string) string {
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The body is read whole before proxying: net/http's server closes an unread request body when the
+		// handler writes its response header, and the reverse proxy's transport may still be reading it to
+		// send it on; that read then fails, the transport closes the engine connection mid-stream, and the
+		// gateway sees a stream cut ("ReverseProxy read error during body copy: use of closed network
+		// connection"; failed CI once).
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.ContentLength = int64(len(b))
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			p.mu.Lock()
 			p.ids = append(p.ids, r.Header.Get("X-Request-Id"))
@@ -120,6 +140,11 @@ func TestRequestIDAndAccessLog(t *testing.T) {
 		"      - {id: e1, engine: enginesim, url: \"http://" + engines[1].HTTPAddr() + "\", max_inflight_requests: 64}\n"
 	var logs logBuffer
 	g := startGatewayLog(t, gwYAML(eps, "client_api_keys_env: KVGATE_TEST_KEYS\n"), &logs)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", logs.String())
+		}
+	})
 	c := openai.NewClient(option.WithBaseURL("http://"+g.Addr()+"/v1"), option.WithAPIKey("ck1"), option.WithMaxRetries(0))
 	ctx := context.Background()
 	sys := longSystemPrompt(30)
