@@ -86,9 +86,9 @@ func (c *tpuSlices) refresh(ctx context.Context, a *tpu.Allocator) {
 // empty (the re-seed path calls it): the leases were lost, yet their holders may still be using the chips,
 // so each slice comes back with every chip quarantined — one whole-slice lease (holder
 // tpuQuarantineHolder) for the longest lease lifetime the copy saw plus one copy interval, at most 24 h —
-// and its unhealthy hosts marked again. Safe to call from several gateways: registering is idempotent and
-// a second quarantine finds the slice leased. Not atomic with the registration: a reservation arriving in
-// between could take chips (kvstore/RATIONALE.md, "Fleet state").
+// and its unhealthy hosts marked again, all in the registration's one atomic step (tpu.RegisterHeld), so no
+// reservation can take a chip in between. Safe to call from several gateways: the first registration wins
+// and the others write nothing.
 func (g *Gateway) requarantineTPUSlices(ctx context.Context) {
 	c := &g.tpuCopy
 	c.mu.Lock()
@@ -106,21 +106,13 @@ func (g *Gateway) requarantineTPUSlices(ctx context.Context) {
 	c.mu.Unlock()
 	for _, it := range items {
 		log := g.log.With(slog.String("pool", it.pool), slog.String("slice", it.sc.spec.ID))
-		if err := g.tpu.Register(ctx, it.pool, it.sc.spec); err != nil {
-			log.Warn("could not register a TPU slice again after the store restarted empty", slog.String("error", err.Error()))
-			continue
-		}
-		_, err := g.tpu.Reserve(ctx, it.pool, tpu.Request{Whole: true, Slice: it.sc.spec.ID, Holder: tpuQuarantineHolder, TTL: ttl})
+		created, err := g.tpu.RegisterHeld(ctx, it.pool, it.sc.spec, tpu.Hold{Holder: tpuQuarantineHolder, TTL: ttl, Unhealthy: it.sc.unhealthy})
 		switch {
-		case err == nil:
+		case err != nil:
+			log.Warn("could not register a TPU slice again after the store restarted empty", slog.String("error", err.Error()))
+		case created:
 			log.Warn("TPU slice registered again after the store restarted empty; every chip quarantined until the lost leases have expired",
 				slog.Float64("quarantine_seconds", ttl.Seconds()))
-		case tpu.Code(err) == "no_capacity": // another gateway quarantined it first
-		default:
-			log.Warn("could not quarantine a TPU slice after the store restarted empty", slog.String("error", err.Error()))
-		}
-		for _, h := range it.sc.unhealthy {
-			_ = g.tpu.SetHealth(ctx, it.pool, it.sc.spec.ID, h, false)
-		}
+		} // not created: another gateway registered it first, with its hold
 	}
 }

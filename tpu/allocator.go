@@ -11,7 +11,9 @@ import (
 // backend is one store's atomic operations. Each call reaps the pool's expired leases first and returns how
 // many it reaped.
 type backend interface {
-	register(ctx context.Context, pool string, r *sliceRec) (reaped int, err error)
+	// register adds r unless a slice with its ID exists; with h non-nil, a new slice also gets h's unhealthy
+	// hosts and whole-slice lease in the same step. created says whether r was new.
+	register(ctx context.Context, pool string, r *sliceRec, h *holdRec) (created bool, reaped int, err error)
 	setHealth(ctx context.Context, pool, slice, host string, healthy bool) (reaped int, err error)
 	reserve(ctx context.Context, pool string, q *request) (*leaseRec, *sliceRec, int, error)
 	renew(ctx context.Context, pool, id string, token, ttlMS int64) (*leaseRec, *sliceRec, int, error)
@@ -42,9 +44,66 @@ func (a *Allocator) Register(ctx context.Context, pool string, spec SliceSpec) e
 	if err != nil {
 		return err
 	}
-	n, err := a.b.register(ctx, pool, r)
+	_, n, err := a.b.register(ctx, pool, r, nil)
 	a.m.expired(pool, n)
 	return err
+}
+
+// Hold is what RegisterHeld writes with a new slice, in the same atomic step as the registration.
+type Hold struct {
+	// Holder, when not empty (1..256 bytes), takes one whole-slice lease on the new slice for TTL (1 ms to
+	// 24 h), so none of its chips can be granted until that lease expires or is released.
+	Holder string
+	TTL    time.Duration
+	// Unhealthy names hosts of the slice that start unhealthy.
+	Unhealthy []string
+}
+
+// holdRec is a validated Hold: the lease's holder and TTL (ms; holder "" for none) and the unhealthy
+// flags by worker ID.
+type holdRec struct {
+	holder string
+	ttlMS  int64
+	bad    []bool
+}
+
+// RegisterHeld registers spec in pool as Register does and, only when the slice is new, in the same
+// atomic step marks h.Unhealthy and takes h's whole-slice lease: no reservation can land between the
+// registration and the hold (the gateway re-registers the slices an emptied store lost this way, each held
+// until the lost leases would have expired). It reports whether the slice was new; for a slice already
+// registered with the same spec nothing is written and it returns (false, nil). Errors as Register's, plus
+// ErrInvalidArgument for a host the spec does not name, a holder over 256 bytes or a TTL outside 1 ms..24 h.
+func (a *Allocator) RegisterHeld(ctx context.Context, pool string, spec SliceSpec, h Hold) (bool, error) {
+	if err := checkPool(pool); err != nil {
+		return false, err
+	}
+	r, err := newSliceRec(spec)
+	if err != nil {
+		return false, err
+	}
+	hr := &holdRec{holder: h.Holder, bad: make([]bool, len(r.Hosts))}
+	if h.Holder != "" {
+		if err := checkTTL(h.TTL); err != nil {
+			return false, err
+		}
+		if len(h.Holder) > 256 {
+			return false, fmt.Errorf("tpu: holder must be 1..256 bytes: %w", ErrInvalidArgument)
+		}
+		hr.ttlMS = msCeil(h.TTL)
+	}
+	for _, host := range h.Unhealthy {
+		w := slices.Index(r.Hosts, host)
+		if w < 0 {
+			return false, fmt.Errorf("tpu: slice %s has no host %q: %w", r.ID, host, ErrInvalidArgument)
+		}
+		hr.bad[w] = true
+	}
+	created, n, err := a.b.register(ctx, pool, r, hr)
+	a.m.expired(pool, n)
+	if err == nil && created && h.Holder != "" {
+		a.m.granted(pool, "slice")
+	}
+	return created, err
 }
 
 // SetHealth marks a host of a slice healthy or not. Tiles containing an unhealthy host are not granted;

@@ -391,6 +391,98 @@ func runConformance(t *testing.T, newBackend backendFactory) {
 			t.Fatalf("pools %v %v", pools, err)
 		}
 	})
+	t.Run("RegisterHeld", func(t *testing.T) {
+		p := newPool()
+		spec := SliceSpec{ID: "s", Generation: "v6e", Topology: "4x4", Hosts: hostsN("s", 4)}
+		h := Hold{Holder: "quarantine", TTL: 300 * time.Millisecond, Unhealthy: []string{"s-h1"}}
+		created, err := a.RegisterHeld(ctx, p, spec, h)
+		if err != nil || !created {
+			t.Fatalf("register held: %v %v", created, err)
+		}
+		si, err := a.Inspect(ctx, p, "s")
+		if err != nil || si.LeasedChips != 16 || si.FreeChips != 0 || si.UnhealthyChips != 4 || si.Hosts[1].Healthy || !si.Hosts[0].Healthy ||
+			len(si.Leases) != 1 || si.Leases[0].ID != "s.4x4.0" || si.Leases[0].Holder != "quarantine" || si.Leases[0].Kind != "slice" ||
+			si.Leases[0].ChipCount != 16 || si.Owners[15] != "s.4x4.0" {
+			t.Fatalf("held slice: %+v %v", si, err)
+		}
+		held := si.Leases[0]
+		refuse(t, a, p, Request{Shape: "2x2"}, ErrNoCapacity)
+		refuse(t, a, p, Request{Whole: true, Slice: "s"}, ErrNoCapacity)
+		// The same spec again: nothing written (the hold is not renewed or replaced).
+		if created, err := a.RegisterHeld(ctx, p, spec, Hold{Holder: "second", TTL: time.Hour}); err != nil || created {
+			t.Fatalf("second register held: %v %v", created, err)
+		}
+		if si, _ := a.Inspect(ctx, p, "s"); len(si.Leases) != 1 || si.Leases[0].Token != held.Token || si.Leases[0].Holder != "quarantine" {
+			t.Fatalf("after a second register: %+v", si.Leases)
+		}
+		// Bad holds write nothing.
+		for _, bad := range []Hold{{Unhealthy: []string{"nope"}}, {Holder: "x", TTL: 0}, {Holder: string(make([]byte, 257)), TTL: time.Second}} {
+			if _, err := a.RegisterHeld(ctx, p, SliceSpec{ID: "b", Generation: "v6e", Topology: "4x4", Hosts: hostsN("b", 4)}, bad); !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("hold %+v: %v", bad, err)
+			}
+		}
+		if _, err := a.Inspect(ctx, p, "b"); !errors.Is(err, ErrUnknownSlice) {
+			t.Fatalf("a refused hold registered the slice: %v", err)
+		}
+		// The hold expires like any lease; the unhealthy host stays unhealthy.
+		advance(450 * time.Millisecond)
+		refuse(t, a, p, Request{Whole: true, Slice: "s"}, ErrNoCapacity)
+		refuse(t, a, p, Request{Shape: "2x2", Index: ip(1)}, ErrNoCapacity) // on s-h1
+		l := reserve(t, a, p, Request{Shape: "2x2", Index: ip(2)})
+		if l.Token <= held.Token || l.Hosts[0] != "s-h2" {
+			t.Fatalf("after the hold: %+v (hold token %d)", l, held.Token)
+		}
+		// A hold can be released early by whoever holds its token.
+		p2 := newPool()
+		if _, err := a.RegisterHeld(ctx, p2, spec, Hold{Holder: "q", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		si, _ = a.Inspect(ctx, p2, "s")
+		if ok, err := a.Release(ctx, p2, si.Leases[0].ID, si.Leases[0].Token); !ok || err != nil {
+			t.Fatalf("release the hold: %v %v", ok, err)
+		}
+		reserve(t, a, p2, Request{Whole: true, Slice: "s"})
+		// No hold: the same as Register.
+		p3 := newPool()
+		if created, err := a.RegisterHeld(ctx, p3, spec, Hold{}); err != nil || !created {
+			t.Fatal(created, err)
+		}
+		reserve(t, a, p3, Request{Whole: true, Slice: "s"})
+	})
+	t.Run("RegisterHeldRace", func(t *testing.T) {
+		// Gateways re-registering a lost slice race each other and the fleet's reservations: exactly one
+		// registration creates it, and no reservation is granted before the hold expires.
+		p := newPool()
+		spec := SliceSpec{ID: "s", Generation: "v6e", Topology: "4x4", Hosts: hostsN("s", 4)}
+		var created, granted atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i%2 == 0 {
+					c, err := a.RegisterHeld(ctx, p, spec, Hold{Holder: fmt.Sprintf("g%d", i), TTL: time.Hour})
+					if err != nil {
+						t.Error(err)
+					}
+					if c {
+						created.Add(1)
+					}
+					return
+				}
+				for range 20 {
+					if _, err := a.Reserve(ctx, p, Request{Shape: "2x2", Holder: "job", TTL: time.Minute}); err == nil {
+						granted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		si, err := a.Inspect(ctx, p, "s")
+		if err != nil || created.Load() != 1 || granted.Load() != 0 || len(si.Leases) != 1 || si.LeasedChips != 16 {
+			t.Fatalf("created %d, granted %d, leases %+v, %v", created.Load(), granted.Load(), si.Leases, err)
+		}
+	})
 	t.Run("RenewExtends", func(t *testing.T) {
 		p := newPool()
 		mustRegister(t, a, p, "s", "v6e", "4x4", 4)

@@ -59,20 +59,34 @@ func (m *memory) free(p *poolState, l *leaseRec) {
 	}
 }
 
-func (m *memory) register(_ context.Context, pool string, r *sliceRec) (int, error) {
+func (m *memory) register(_ context.Context, pool string, r *sliceRec, h *holdRec) (bool, int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p, n := m.pool(pool, true)
 	if old := p.slices[r.ID]; old != nil {
 		if !reflect.DeepEqual(old, r) {
-			return n, fmt.Errorf("tpu: slice %s is registered as %s %s with hosts %v: %w", r.ID, old.Gen, old.Topo, old.Hosts, ErrSliceExists)
+			return false, n, fmt.Errorf("tpu: slice %s is registered as %s %s with hosts %v: %w", r.ID, old.Gen, old.Topo, old.Hosts, ErrSliceExists)
 		}
-		return n, nil
+		return false, n, nil
 	}
 	p.slices[r.ID] = r
-	p.owners[r.ID] = make([]int64, r.shape.Chips())
+	own := make([]int64, r.shape.Chips())
+	p.owners[r.ID] = own
 	p.bad[r.ID] = make([]bool, len(r.Hosts))
-	return n, nil
+	if h == nil {
+		return true, n, nil
+	}
+	copy(p.bad[r.ID], h.bad)
+	if h.holder != "" {
+		p.fence++
+		l := &leaseRec{ID: leaseID(r.ID, Shape{N: r.N, D: r.D}, 0), Slice: r.ID, Kind: "slice", S: r.D, PD: r.D,
+			Holder: h.holder, Token: p.fence, Exp: m.now().UnixMilli() + h.ttlMS}
+		for i := range own {
+			own[i] = l.Token
+		}
+		p.leases[l.ID] = l
+	}
+	return true, n, nil
 }
 
 func (m *memory) setHealth(_ context.Context, pool, slice, host string, healthy bool) (int, error) {

@@ -82,16 +82,32 @@ func (b *redisBackend) run(ctx context.Context, s *redis.Script, pool string, ar
 	return res[2:], int(n), nil
 }
 
-func (b *redisBackend) register(ctx context.Context, pool string, r *sliceRec) (int, error) {
+func (b *redisBackend) register(ctx context.Context, pool string, r *sliceRec, h *holdRec) (bool, int, error) {
 	j, err := json.Marshal(r)
 	if err != nil {
-		return 0, err
+		return false, 0, err
 	}
 	if err := b.c.SAdd(ctx, b.base+"{tpu}:pools", pool).Err(); err != nil {
-		return 0, fmt.Errorf("tpu: redis: %w", err)
+		return false, 0, fmt.Errorf("tpu: redis: %w", err)
 	}
-	_, n, err := b.run(ctx, scriptRegister, pool, r.ID, string(j), r.shape.Chips(), len(r.Hosts))
-	return n, err
+	mask := []byte(strings.Repeat("0", len(r.Hosts)))
+	var holder string
+	var ttl int64
+	if h != nil {
+		for w, bad := range h.bad {
+			if bad {
+				mask[w] = '1'
+			}
+		}
+		holder, ttl = h.holder, h.ttlMS
+	}
+	res, n, err := b.run(ctx, scriptRegister, pool, r.ID, string(j), r.shape.Chips(), string(mask), holder, ttl,
+		leaseID(r.ID, Shape{N: r.N, D: r.D}, 0))
+	if err != nil {
+		return false, n, err
+	}
+	created := len(res) == 1 && res[0] == int64(1)
+	return created, n, nil
 }
 
 func (b *redisBackend) setHealth(ctx context.Context, pool, slice, host string, healthy bool) (int, error) {
