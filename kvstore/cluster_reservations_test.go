@@ -93,6 +93,83 @@ func TestRedisClusterShardedReservations(t *testing.T) {
 		}
 		return out
 	}
+	// A request's in-flight read on a Cluster runs no script while no lease is near its expiry (on main it
+	// was one script per candidate for the sharded layout, one for the single tag), and its counts are the
+	// scripts' (issue 14: scripts per grant).
+	t.Run("InFlightWithoutScripts", func(t *testing.T) {
+		ctx := context.Background()
+		scripts := func() int64 {
+			var n int64
+			calls := regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+)`)
+			for _, a := range cl.Addrs {
+				c := redis.NewClient(&redis.Options{Addr: a})
+				info, err := c.Info(ctx, "commandstats").Result()
+				_ = c.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range calls.FindAllStringSubmatch(info, -1) {
+					v, _ := strconv.ParseInt(m[1], 10, 64)
+					n += v
+				}
+			}
+			return n
+		}
+		eps := []kvstore.EndpointID{"ifs-a", "ifs-b", "ifs-c", "ifs-d"}
+		for _, kind := range []string{"sharded", "single"} {
+			t.Run(kind, func(t *testing.T) {
+				var r kvstore.Reservations
+				var err error
+				if kind == "sharded" {
+					r, err = kvstore.NewShardedRedisReservations(cl.Client(t), kvstore.RedisConfig{Prefix: freshPrefix()})
+				} else {
+					r, err = kvstore.NewRedisReservations(cl.Client(t), kvstore.RedisConfig{Prefix: freshPrefix()})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := map[kvstore.EndpointID]kvstore.Cost{}
+				for i, ep := range eps[:3] {
+					for range i + 1 {
+						if _, err := r.Reserve(ctx, []kvstore.Candidate{{Endpoint: ep}}, kvstore.Cost{Requests: 1, Tokens: 10}, time.Minute); err != nil {
+							t.Fatal(err)
+						}
+						c := want[ep]
+						want[ep] = kvstore.Cost{Requests: c.Requests + 1, Tokens: c.Tokens + 10}
+					}
+				}
+				before := scripts()
+				for range 20 {
+					got, err := r.InFlight(ctx, eps)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Fatalf("in flight %v, want %v", got, want)
+					}
+				}
+				if n := scripts() - before; n != 0 {
+					t.Fatalf("20 in-flight reads of %d endpoints ran %d scripts on the Cluster, want 0", len(eps), n)
+				}
+				// A lease within clusterClockSkew (1 s) of its expiry sends the read to the script, which reaps.
+				if _, err := r.Reserve(ctx, []kvstore.Candidate{{Endpoint: eps[3]}}, kvstore.Cost{Requests: 1, Tokens: 10}, 100*time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(150 * time.Millisecond)
+				before = scripts()
+				got, err := r.InFlight(ctx, eps)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("in flight after an expiry %v, want %v", got, want)
+				}
+				if scripts() == before {
+					t.Fatal("an in-flight read beside an expired lease ran no script")
+				}
+			})
+		}
+	})
 	t.Run("LoadSpreadOverMasters", func(t *testing.T) {
 		sharded, err := kvstore.NewShardedRedisReservations(cl.Client(t), kvstore.RedisConfig{Prefix: freshPrefix()})
 		if err != nil {

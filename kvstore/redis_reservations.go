@@ -151,19 +151,33 @@ func (r *RedisReservations) Release(ctx context.Context, l Lease) error {
 	return nil
 }
 
-// InFlight implements Reservations without a script when it can: one pipeline of the earliest lease
-// expiry (ZRANGE 0 0 WITHSCORES), TIME and an HMGET of the endpoints' counters, exact when no lease has
-// expired yet (the counters then hold only live leases). Otherwise the script reaps expired leases first
-// (it reaps at most 256 per call; what it leaves is a slice for the next call). Every request reads this,
-// and the script cost as much Redis time as a Reserve. On Redis Cluster it is always the script.
+// clusterClockSkew is how much earlier than its expiry a lease counts as possibly expired for a plain
+// in-flight read on a Redis Cluster, where TIME comes from any master (their clocks differ by their NTP
+// skew) rather than the one holding the leases (kvstore/RATIONALE.md, "In-flight reads on a Cluster").
+const clusterClockSkew = time.Second
+
+// plainReadMargin returns the margin a plain in-flight read needs between server time and the earliest
+// lease expiry on client c: 0 on one server (TIME is the lease master's own clock), clusterClockSkew on a
+// Cluster or Ring.
+func plainReadMargin(c redis.UniversalClient) int64 {
+	switch c.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		return clusterClockSkew.Milliseconds()
+	}
+	return 0
+}
+
+// InFlight implements Reservations without a script when it can: one pipeline of the earliest lease expiry
+// (ZRANGE 0 0 WITHSCORES), TIME and an HMGET of the endpoints' counters, exact when no lease has expired
+// yet (the counters then hold only live leases). Otherwise the script reaps expired leases first (it reaps
+// at most 256 per call; what it leaves is a slice for the next call). Every request reads this, and the
+// script cost as much Redis time as a Reserve. On a Redis Cluster TIME may come from another master, so
+// the plain read needs the earliest expiry clusterClockSkew beyond it (leases are renewed every TTL/3, so it
+// usually is by seconds); a lease within that of its expiry sends the read to the script.
 func (r *RedisReservations) InFlight(ctx context.Context, eps []EndpointID) (map[EndpointID]Cost, error) {
 	out := make(map[EndpointID]Cost, len(eps))
 	if len(eps) == 0 {
 		return out, nil
-	}
-	switch r.c.(type) {
-	case *redis.ClusterClient, *redis.Ring: // TIME would go to another node, with another clock
-		return r.inFlightScript(ctx, eps)
 	}
 	fields := make([]string, 0, 2*len(eps))
 	for _, ep := range eps {
@@ -175,7 +189,7 @@ func (r *RedisReservations) InFlight(ctx context.Context, eps []EndpointID) (map
 	vals := p.HMGet(ctx, r.keys[0], fields...)
 	if _, err := p.Exec(ctx); err == nil {
 		fs := first.Val()
-		if len(fs) == 0 || int64(fs[0].Score) > tm.Val().UnixMilli() {
+		if len(fs) == 0 || int64(fs[0].Score) > tm.Val().UnixMilli()+plainReadMargin(r.c) {
 			for i, ep := range eps {
 				var c Cost
 				var ok1, ok2 bool

@@ -127,23 +127,20 @@ func (r *ShardedRedisReservations) Release(ctx context.Context, l Lease) error {
 	return nil
 }
 
-// InFlight implements Reservations. On one server without a script when it can: one pipeline of TIME and,
-// per endpoint, its earliest lease expiry (ZRANGE 0 0 WITHSCORES) and an HMGET of its counters, exact when
-// no lease has expired yet (as RedisReservations.InFlight). Otherwise, and always on a Cluster (TIME would
-// come from another node's clock), one pipeline of a read script (reap, then HGETs) per endpoint.
+// InFlight implements Reservations, without a script when it can: one pipeline of TIME and, per endpoint,
+// its earliest lease expiry (ZRANGE 0 0 WITHSCORES) and an HMGET of its counters, exact when no lease has
+// expired yet (as RedisReservations.InFlight; on a Cluster, where TIME comes from any master, no lease within
+// clusterClockSkew of its expiry; go-redis sends each master its endpoints' reads, one round trip).
+// Otherwise one pipeline of a read script (reap, then read) per endpoint.
 func (r *ShardedRedisReservations) InFlight(ctx context.Context, eps []EndpointID) (map[EndpointID]Cost, error) {
 	out := make(map[EndpointID]Cost, len(eps))
 	if len(eps) == 0 {
 		return out, nil
 	}
-	switch r.c.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-	default:
-		if ok, err := r.inFlightPlain(ctx, eps, out); ok || err != nil {
-			return out, err
-		}
-		clear(out)
+	if ok, err := r.inFlightPlain(ctx, eps, out); ok || err != nil {
+		return out, err
 	}
+	clear(out)
 	run := func() ([]*redis.Cmd, error) {
 		p := r.c.Pipeline()
 		cmds := make([]*redis.Cmd, len(eps))
@@ -178,7 +175,7 @@ func (r *ShardedRedisReservations) InFlight(ctx context.Context, eps []EndpointI
 	return out, nil
 }
 
-// inFlightPlain is InFlight without scripts on one server: ok false (nothing wrong) when a lease has expired
+// inFlightPlain is InFlight without scripts: ok false (nothing wrong) when a lease has expired
 // unreaped, so only a script can say what still counts.
 func (r *ShardedRedisReservations) inFlightPlain(ctx context.Context, eps []EndpointID, out map[EndpointID]Cost) (bool, error) {
 	p := r.c.Pipeline()
@@ -199,7 +196,7 @@ func (r *ShardedRedisReservations) inFlightPlain(ctx context.Context, eps []Endp
 		}
 		return false, fmt.Errorf("kvstore: redis in-flight: %w", err)
 	}
-	now := tm.Val().UnixMilli()
+	now := tm.Val().UnixMilli() + plainReadMargin(r.c)
 	for i, ep := range eps {
 		if fs := firsts[i].Val(); len(fs) > 0 && int64(fs[0].Score) <= now {
 			return false, nil

@@ -4,11 +4,24 @@
 -- bounded slice; calls are frequent, so expired leases do not pile up).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- One HMGET of the two counters and one HSET or HDEL of both where it can (fewer calls: each costs Redis
+-- about as much as the Lua around it).
 local function sub(ep, req, tok)
-  local r = tonumber(redis.call('HGET', KEYS[1], 'r:' .. ep) or '0') - req
-  local k = tonumber(redis.call('HGET', KEYS[1], 't:' .. ep) or '0') - tok
-  if r > 0 then redis.call('HSET', KEYS[1], 'r:' .. ep, r) else redis.call('HDEL', KEYS[1], 'r:' .. ep) end
-  if k > 0 then redis.call('HSET', KEYS[1], 't:' .. ep, k) else redis.call('HDEL', KEYS[1], 't:' .. ep) end
+  local rf, tf = 'r:' .. ep, 't:' .. ep
+  local v = redis.call('HMGET', KEYS[1], rf, tf)
+  local r = tonumber(v[1] or '0') - req
+  local k = tonumber(v[2] or '0') - tok
+  if r > 0 and k > 0 then
+    redis.call('HSET', KEYS[1], rf, r, tf, k)
+  elseif r <= 0 and k <= 0 then
+    redis.call('HDEL', KEYS[1], rf, tf)
+  elseif r > 0 then
+    redis.call('HSET', KEYS[1], rf, r)
+    redis.call('HDEL', KEYS[1], tf)
+  else
+    redis.call('HDEL', KEYS[1], rf)
+    redis.call('HSET', KEYS[1], tf, k)
+  end
 end
 local function drop(id)
   local d = redis.call('HGET', KEYS[3], id)
