@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -229,5 +230,31 @@ func TestLingeringIsBounded(t *testing.T) {
 	}
 	if !waitFor(5*time.Second, func() bool { return adminScrape(t, g, "kvgate_connections_open") == 1 }) { // the scrape's own
 		t.Fatalf("open connections: %v, want 1 (the scrape)", adminScrape(t, g, "kvgate_connections_open"))
+	}
+}
+
+// Closing the gateway ends its lingering closes at once: Close does not wait out client_lingering_time, and
+// no lingering goroutine is left behind.
+func TestCloseEndsLingering(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), "client_api_keys_env: KVGATE_TEST_KEYS\nclient_lingering_time: 1m\n"))
+	c := dial(t, g.Addr())
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 10000000\r\n\r\n{\"model\":")
+	if r, closed := closedWithin(c, 5*time.Second); !strings.HasPrefix(r, "HTTP/1.1 401") || !closed {
+		t.Fatalf("closed=%v %q", closed, r)
+	}
+	if v := adminScrape(t, g, "kvgate_connections_lingering"); v != 1 {
+		t.Fatalf("lingering connections: %v, want 1", v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	g.Close(ctx)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("Close took %v: it waited for the lingering connection", d)
+	}
+	buf := make([]byte, 1<<20)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "limitConn).drain") {
+		t.Fatalf("a lingering goroutine outlived Close:\n%s", st)
 	}
 }

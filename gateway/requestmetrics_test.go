@@ -57,7 +57,7 @@ func TestRequestMetricLabels(t *testing.T) {
 		}
 	}
 	// The gateway answers 413 on the declared length without reading the body; its lingering close lets the
-	// client, still writing, read the answer (gateway/RATIONALE.md "Lingering close").
+	// client, still writing, read the answer (gateway/RATIONALE.md "Why a lingering close, and why these bounds?").
 	big, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(`{"model":"qwen3","prompt":"`+strings.Repeat("a", 70000)+`"}`))
 	big.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(big)
