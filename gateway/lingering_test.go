@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -256,5 +257,26 @@ func TestCloseEndsLingering(t *testing.T) {
 	buf := make([]byte, 1<<20)
 	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "limitConn).drain") {
 		t.Fatalf("a lingering goroutine outlived Close:\n%s", st)
+	}
+}
+
+// The lingering close works on a TLS listener too (the mark reaches the TCP connection under tls.Conn):
+// openai-go over TLS writing a 20 MB body with a wrong key reads the 401.
+func TestAnswerBeforeBodyOverTLS(t *testing.T) {
+	engines := startSims(t, 1, nil)
+	ca := newTestCA(t)
+	certFile, keyFile := ca.issue(t, "listener", 100)
+	g, err := startGatewayEnv(t, gwYAML(simEndpointsYAML(engines, 64), fmt.Sprintf("client_api_keys_env: KVGATE_TEST_KEYS\ntls: {cert_file: %q, key_file: %q}\n", certFile, keyFile)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool()}}}
+	c := openai.NewClient(option.WithBaseURL("https://"+g.Addr()+"/v1"), option.WithAPIKey("wrong"), option.WithMaxRetries(0),
+		option.WithHTTPClient(hc))
+	_, err = c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen3",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("lorem ipsum ", 20<<20/12))}})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != "invalid_api_key" {
+		t.Fatalf("openai-go over TLS: want a 401 invalid_api_key, got %v", err)
 	}
 }
