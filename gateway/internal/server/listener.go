@@ -76,21 +76,24 @@ func (l *limitListener) Close() error {
 	return err
 }
 
-// startLinger registers c as lingering and sets its read deadline, or says no: the listener is closed, or
-// max_lingering_connections are lingering.
-func (l *limitListener) startLinger(c *limitConn) bool {
+// startLinger registers c as lingering and sets its read deadline, or says no with the result to count:
+// the listener is closed (shutdown), max_lingering_connections are lingering (skipped), the deadline
+// cannot be set (error).
+func (l *limitListener) startLinger(c *limitConn) (ok bool, result string) {
 	l.lingerMu.Lock()
 	defer l.lingerMu.Unlock()
-	if l.closed || len(l.lingering) >= l.linger.max {
-		return false
-	}
-	if c.Conn.SetReadDeadline(time.Now().Add(l.linger.time)) != nil {
-		return false
+	switch {
+	case l.closed:
+		return false, metrics.LingerShutdown
+	case len(l.lingering) >= l.linger.max:
+		return false, metrics.LingerSkipped
+	case c.Conn.SetReadDeadline(time.Now().Add(l.linger.time)) != nil:
+		return false, metrics.LingerError
 	}
 	l.lingering[c] = struct{}{}
 	l.wg.Add(1)
 	l.m.ConnectionsLingering.Inc()
-	return true
+	return true, ""
 }
 
 func (l *limitListener) endLinger(c *limitConn, result string) {
@@ -194,8 +197,8 @@ func (c *limitConn) lingerOnClose() { c.linger.Store(true) }
 func (c *limitConn) Close() error {
 	if c.linger.Swap(false) {
 		if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-			if !c.l.startLinger(c) {
-				c.l.m.LingeringCloses.WithLabelValues(metrics.LingerSkipped).Inc()
+			if ok, result := c.l.startLinger(c); !ok {
+				c.l.m.LingeringCloses.WithLabelValues(result).Inc()
 			} else if cw.CloseWrite() != nil {
 				c.l.endLinger(c, metrics.LingerError)
 			} else {
