@@ -15,6 +15,9 @@ const (
 	DefaultClientHeaderTimeout        = 10 * time.Second
 	DefaultClientBodyTimeout          = 60 * time.Second
 	DefaultClientWriteTimeout         = 30 * time.Second
+	DefaultClientLingeringTime        = 2 * time.Second
+	DefaultMaxLingeringConnections    = 1024
+	DefaultClientLingeringBytes       = 64 << 20
 	DefaultUpstreamConnectTimeout     = 5 * time.Second
 	DefaultUpstreamFirstByteTimeout   = 2 * time.Minute
 	DefaultUpstreamTotalTimeout       = 30 * time.Minute
@@ -52,6 +55,18 @@ type FrontDoor struct {
 	// ClientWriteTimeout disconnects a client that accepts no byte of a response for this long (default
 	// 30s): the engine request is cancelled and the lease released.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout,omitempty"`
+	// ClientLingeringTime bounds a lingering close (default 2s): after an error answered before the
+	// request's body was read (401 or 400 on the headers, 413, 408), the gateway half-closes the
+	// connection and reads and discards what the client still sends, for at most this long, so that the
+	// client reads the answer instead of a connection reset.
+	ClientLingeringTime time.Duration `yaml:"client_lingering_time,omitempty"`
+	// ClientLingeringBytes bounds the bytes a lingering close discards (default 64 MiB). It is not
+	// max_body_bytes: a client may be writing fast when the answer arrives, and a cap it reaches before it
+	// reads the answer resets the connection as no lingering would.
+	ClientLingeringBytes int64 `yaml:"client_lingering_bytes,omitempty"`
+	// MaxLingeringConnections caps the connections in a lingering close at once (default 1024); over it a
+	// connection is closed at once, as without lingering (kvgate_lingering_closes_total{result="skipped"}).
+	MaxLingeringConnections int `yaml:"max_lingering_connections,omitempty"`
 	// UpstreamConnectTimeout bounds connecting to an engine (default 5s).
 	UpstreamConnectTimeout time.Duration `yaml:"upstream_connect_timeout,omitempty"`
 	// UpstreamFirstByteTimeout bounds the wait for a streaming response's headers after the request was
@@ -90,12 +105,19 @@ func (f *FrontDoor) applyDefaults() {
 		p *time.Duration
 		v time.Duration
 	}{{&f.ClientHeaderTimeout, DefaultClientHeaderTimeout}, {&f.ClientBodyTimeout, DefaultClientBodyTimeout},
-		{&f.ClientWriteTimeout, DefaultClientWriteTimeout}, {&f.UpstreamConnectTimeout, DefaultUpstreamConnectTimeout},
+		{&f.ClientWriteTimeout, DefaultClientWriteTimeout}, {&f.ClientLingeringTime, DefaultClientLingeringTime},
+		{&f.UpstreamConnectTimeout, DefaultUpstreamConnectTimeout},
 		{&f.UpstreamFirstByteTimeout, DefaultUpstreamFirstByteTimeout}, {&f.UpstreamTotalTimeout, DefaultUpstreamTotalTimeout},
 		{&f.OutlierEjectionTime, DefaultOutlierEjectionTime}} {
 		if *d.p == 0 {
 			*d.p = d.v
 		}
+	}
+	if f.ClientLingeringBytes == 0 {
+		f.ClientLingeringBytes = DefaultClientLingeringBytes
+	}
+	if f.MaxLingeringConnections == 0 {
+		f.MaxLingeringConnections = DefaultMaxLingeringConnections
 	}
 	if f.RetryOn == nil {
 		f.RetryOn = append([]string(nil), DefaultRetryOn...)
@@ -118,6 +140,12 @@ func (f *FrontDoor) validate(bad func(key, format string, a ...any)) {
 	if f.MaxConnectionsPerIP < 0 {
 		bad("max_connections_per_ip", "must not be negative (0 = no cap), got %d", f.MaxConnectionsPerIP)
 	}
+	if f.ClientLingeringBytes < 0 {
+		bad("client_lingering_bytes", "must be positive, got %d", f.ClientLingeringBytes)
+	}
+	if f.MaxLingeringConnections < 1 {
+		bad("max_lingering_connections", "want at least 1, got %d", f.MaxLingeringConnections)
+	}
 	for i, p := range f.TrustedProxies {
 		if _, err := ParseTrustedProxy(p); err != nil {
 			bad(fmt.Sprintf("trusted_proxies[%d]", i), "want an IP address or CIDR prefix, got %q", p)
@@ -125,6 +153,7 @@ func (f *FrontDoor) validate(bad func(key, format string, a ...any)) {
 	}
 	for key, d := range map[string]time.Duration{"client_header_timeout": f.ClientHeaderTimeout,
 		"client_body_timeout": f.ClientBodyTimeout, "client_write_timeout": f.ClientWriteTimeout,
+		"client_lingering_time":    f.ClientLingeringTime,
 		"upstream_connect_timeout": f.UpstreamConnectTimeout, "upstream_first_byte_timeout": f.UpstreamFirstByteTimeout,
 		"upstream_total_timeout": f.UpstreamTotalTimeout, "outlier_ejection_time": f.OutlierEjectionTime} {
 		if d < 0 {

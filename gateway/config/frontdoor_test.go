@@ -20,7 +20,8 @@ func TestFrontDoorKeys(t *testing.T) {
 		f.ClientBodyTimeout != time.Minute || f.ClientWriteTimeout != 30*time.Second || f.UpstreamConnectTimeout != 5*time.Second ||
 		f.UpstreamFirstByteTimeout != 2*time.Minute || f.UpstreamTotalTimeout != 30*time.Minute || f.RetryBudget != 0.2 ||
 		f.MaxBatchPrompts != 256 || f.OutlierConsecutiveFailures != 5 || f.OutlierEjectionTime != 30*time.Second ||
-		!slices.Equal(f.RetryOn, []string{"connect_error", "503", "429"}) || f.ForwardCookies || f.MetricsListen != "" {
+		!slices.Equal(f.RetryOn, []string{"connect_error", "503", "429"}) || f.ForwardCookies || f.MetricsListen != "" ||
+		f.ClientLingeringTime != 2*time.Second || f.ClientLingeringBytes != 64<<20 || f.MaxLingeringConnections != 1024 {
 		t.Fatalf("defaults: %+v", f)
 	}
 	c, err = Parse([]byte("retry_on: [connect_error, 502, \"503\"]\ntrusted_proxies: [10.0.0.0/8, \"::1\"]\nmetrics_listen: \"127.0.0.1:9100\"\n" + minimal))
@@ -39,6 +40,9 @@ func TestFrontDoorKeys(t *testing.T) {
 		{"retry_budget: 2\n", "retry_budget"},
 		{"upstream_total_timeout: -1s\n", "upstream_total_timeout"},
 		{"metrics_listen: nowhere\n", "metrics_listen"},
+		{"client_lingering_time: -1s\n", "client_lingering_time"},
+		{"client_lingering_bytes: -1\n", "client_lingering_bytes"},
+		{"max_lingering_connections: -1\n", "max_lingering_connections"},
 	} {
 		_, err := Parse([]byte(tc.yaml + minimal))
 		var ce *Error

@@ -54,7 +54,10 @@ var nativeKwargs = map[string]bool{"add_generation_prompt": true, "continue_fina
 // With a PromptCache (pc not nil), the longest cached render of the request's first messages is reused:
 // only the messages after it (and the generation prompt) are written, and assistant messages are checked
 // for "</think>" only there (a cached render's messages passed that check when it was written).
-func renderNativeQwen3(msgs []jinja.Value, kw *jinja.Dict, addGen, contFinal jinja.Value, pc *PromptCache) (string, bool) {
+//
+// plain, when it holds one entry per message, is the messages' plainMsg as the decoder read them
+// (chatRequest.plain); otherwise the messages are read here.
+func renderNativeQwen3(msgs []jinja.Value, plain []nativeMsg, kw *jinja.Dict, addGen, contFinal jinja.Value, pc *PromptCache) (string, bool) {
 	if len(msgs) == 0 || contFinal.IsTruthy() {
 		return "", false
 	}
@@ -70,41 +73,28 @@ func renderNativeQwen3(msgs []jinja.Value, kw *jinja.Dict, addGen, contFinal jin
 		}
 		think = !v.AsBool()
 	}
-	parts := make([]nativeMsg, len(msgs))
-	offs := make([]int, len(msgs)+1) // offs[i]: the text length of msgs[:i]
-	for i, m := range msgs {
-		if !m.IsDict() {
-			return "", false
-		}
-		md := m.AsDict()
-		var role, content string
-		hasContent := false // md.Keys lists md.Data's keys once each (the dicts are built with Set)
-		for _, k := range md.Keys {
-			v := md.Data[k]
-			switch {
-			case k == "role" && v.IsString():
-				role = v.AsString()
-			case k == "content" && v.IsString():
-				content, hasContent = v.AsString(), true
-			case k == "name" && v.IsString():
-			default:
+	parts := plain
+	if len(parts) != len(msgs) {
+		parts = make([]nativeMsg, len(msgs))
+		for i, m := range msgs {
+			var ok bool
+			if parts[i], ok = plainMsg(m); !ok {
 				return "", false
 			}
 		}
-		if !hasContent {
-			return "", false
-		}
-		switch role {
+	}
+	offs := make([]int, len(msgs)+1) // offs[i]: the text length of msgs[:i]
+	for i, m := range parts {
+		switch m.role {
 		case "system", "user":
 		case "assistant":
-			if i == len(msgs)-1 {
+			if i == len(parts)-1 {
 				return "", false
 			}
 		default:
 			return "", false
 		}
-		parts[i] = nativeMsg{role: role, content: content}
-		offs[i+1] = offs[i] + parts[i].segLen()
+		offs[i+1] = offs[i] + m.segLen()
 	}
 	var cached string // the render of parts[:k], a view of arena
 	var arena *byteArena
@@ -164,6 +154,31 @@ func renderNativeQwen3(msgs []jinja.Value, kw *jinja.Dict, addGen, contFinal jin
 	}
 	pc.put(parts, len(parts), out[:offs[len(parts)]], arena, capacity)
 	return out, true
+}
+
+// plainMsg returns a message's role and content when it is plain for a native render: a dict whose keys
+// are a string role, a string content and at most a string name (which the template does not read). The
+// role's value is not checked here.
+func plainMsg(m jinja.Value) (nativeMsg, bool) {
+	if !m.IsDict() {
+		return nativeMsg{}, false
+	}
+	md := m.AsDict()
+	var role, content string
+	hasContent := false // md.Keys lists md.Data's keys once each (the dicts are built with Set)
+	for _, k := range md.Keys {
+		v := md.Data[k]
+		switch {
+		case k == "role" && v.IsString():
+			role = v.AsString()
+		case k == "content" && v.IsString():
+			content, hasContent = v.AsString(), true
+		case k == "name" && v.IsString():
+		default:
+			return nativeMsg{}, false
+		}
+	}
+	return nativeMsg{role: role, content: content}, hasContent
 }
 
 // promptScratch holds the buffers (*[]byte) renderNativeQwen3 writes a cached prompt's new messages into

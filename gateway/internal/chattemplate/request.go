@@ -21,6 +21,9 @@ type chatRequest struct {
 	kwargs              *jinja.Dict // chat_template_kwargs, nil when absent or null
 	// messagesList says "messages" was present and a JSON array.
 	messagesList bool
+	// plain is every message's role and content when all of them are plain (plainMsg), read while the
+	// decoded dicts were hot; nil otherwise. The native render uses it instead of walking the dicts.
+	plain []nativeMsg
 	// err is the first field error found by a collecting parse (parseOptions.collect), nil otherwise;
 	// errFirst says it was found before the message list (it then wins over the message-count limit, as
 	// in a parse that stops at the first error).
@@ -88,11 +91,11 @@ func parseRequest(body []byte, o parseOptions) (*chatRequest, error) {
 		switch key {
 		case "messages":
 			req.errFirst = req.err != nil
-			msgs, isList, err := s.messageList(o.maxMessages)
+			msgs, plain, isList, err := s.messageList(o.maxMessages)
 			if err != nil {
 				return nil, err
 			}
-			req.messages, req.messagesList, haveMessages = msgs, isList, true
+			req.messages, req.plain, req.messagesList, haveMessages = msgs, plain, isList, true
 			if !isList {
 				if err := field(badRequest("messages", "must be a list")); err != nil {
 					return nil, err
@@ -178,38 +181,47 @@ func (req *chatRequest) set(key string, v jinja.Value) error {
 }
 
 // messageList decodes the "messages" array, failing as soon as it holds more than max entries. A value
-// that is not an array is skipped (isList false; the caller reports it).
-func (s *jsonScanner) messageList(max int) (msgs []jinja.Value, isList bool, err error) {
+// that is not an array is skipped (isList false; the caller reports it). plain is every message's
+// plainMsg when all of them are plain, nil otherwise.
+func (s *jsonScanner) messageList(max int) (msgs []jinja.Value, plain []nativeMsg, isList bool, err error) {
 	if s.peek() != '[' {
 		if err := s.skip(1); err != nil {
-			return nil, false, badRequest("messages", "invalid JSON: %v", err)
+			return nil, nil, false, badRequest("messages", "invalid JSON: %v", err)
 		}
-		return nil, false, nil
+		return nil, nil, false, nil
 	}
 	s.pos++
 	msgs = []jinja.Value{}
 	if s.peek() == ']' {
 		s.pos++
-		return msgs, true, nil
+		return msgs, nil, true, nil
 	}
+	allPlain := true
 	for {
 		if len(msgs) >= max {
-			return nil, true, &RequestError{Kind: ErrLimit, Path: "messages",
+			return nil, nil, true, &RequestError{Kind: ErrLimit, Path: "messages",
 				Message: fmt.Sprintf("more than %d messages (limit)", max)}
 		}
 		v, err := s.value(2)
 		if err != nil {
-			return nil, true, badRequest(fmt.Sprintf("messages[%d]", len(msgs)), "invalid JSON: %v", err)
+			return nil, nil, true, badRequest(fmt.Sprintf("messages[%d]", len(msgs)), "invalid JSON: %v", err)
 		}
 		msgs = append(msgs, v)
+		if allPlain {
+			if m, ok := plainMsg(v); ok {
+				plain = append(plain, m)
+			} else {
+				allPlain, plain = false, nil
+			}
+		}
 		switch s.peek() {
 		case ',':
 			s.pos++
 		case ']':
 			s.pos++
-			return msgs, true, nil
+			return msgs, plain, true, nil
 		default:
-			return nil, true, badRequest("messages", "invalid JSON: %v", s.errorf("want ',' or ']' in array"))
+			return nil, nil, true, badRequest("messages", "invalid JSON: %v", s.errorf("want ',' or ']' in array"))
 		}
 	}
 }

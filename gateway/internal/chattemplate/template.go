@@ -474,7 +474,7 @@ func (t *Template) render(ctx context.Context, req *chatRequest, pc *PromptCache
 	if c.native == nativeQwen3 && c.format == FormatString && toolsVar.IsNone() && ctx.Err() == nil {
 		// A plain request on Qwen3's template: the same prompt without the engine (native.go). A request
 		// whose context is done already goes to the engine, which reports that as before.
-		if out, ok := renderNativeQwen3(req.messages, kw, addGen, contFinal, pc); ok {
+		if out, ok := renderNativeQwen3(req.messages, req.plain, kw, addGen, contFinal, pc); ok {
 			if len(out) > lim.MaxOutputBytes {
 				return "", &RenderError{Kind: ErrLimit, Message: fmt.Sprintf("rendered prompt is %d bytes, over the %d-byte limit", len(out), lim.MaxOutputBytes)}
 			}

@@ -8,6 +8,16 @@ const (
 	RejectMaxConnectionsPerIP = "max_connections_per_ip"
 )
 
+// Results of kvgate_lingering_closes_total: how a lingering close ended.
+const (
+	LingerEOF      = "eof"      // the client closed (or reset) its side: the normal end
+	LingerTime     = "time"     // client_lingering_time passed
+	LingerBytes    = "bytes"    // client_lingering_bytes were discarded
+	LingerError    = "error"    // a read failed otherwise
+	LingerShutdown = "shutdown" // the listener was closed (shutdown)
+	LingerSkipped  = "skipped"  // max_lingering_connections were lingering: closed at once
+)
+
 // Kinds of kvgate_upstream_timeouts_total.
 const (
 	TimeoutConnect   = "connect"
@@ -24,6 +34,11 @@ type FrontDoor struct {
 	ConnectionsOpen prometheus.Gauge
 	// ConnectionsRejected counts client connections closed at once for a limit, by reason.
 	ConnectionsRejected *prometheus.CounterVec
+	// ConnectionsLingering is the number of client connections in a lingering close (half-closed after an
+	// error answer, discarding the rest of the request); they are also counted in ConnectionsOpen.
+	ConnectionsLingering prometheus.Gauge
+	// LingeringCloses counts lingering closes by how they ended (Linger* results).
+	LingeringCloses *prometheus.CounterVec
 	// UpstreamTimeouts counts upstream requests ended by a timeout, by endpoint and kind.
 	UpstreamTimeouts *prometheus.CounterVec
 	// UpstreamFailures counts responses that failed after the engine started them (broken or incomplete
@@ -44,6 +59,10 @@ func newFrontDoor(r *prometheus.Registry) *FrontDoor {
 			Help: "Open client connections."}),
 		ConnectionsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_connections_rejected_total",
 			Help: "Client connections closed at once because a connection limit was reached."}, []string{"reason"}),
+		ConnectionsLingering: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_connections_lingering",
+			Help: "Client connections in a lingering close (half-closed after an error answer, discarding the rest of the request)."}),
+		LingeringCloses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_lingering_closes_total",
+			Help: "Lingering closes by how they ended (eof, time, bytes, error, shutdown; skipped: over max_lingering_connections, closed at once)."}, []string{"result"}),
 		UpstreamTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_upstream_timeouts_total",
 			Help: "Upstream requests ended by a timeout, by kind (connect, first_byte, total, idle)."}, []string{"endpoint", "kind"}),
 		UpstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_upstream_failures_total",
@@ -57,7 +76,10 @@ func newFrontDoor(r *prometheus.Registry) *FrontDoor {
 	}
 	f.ConnectionsRejected.WithLabelValues(RejectMaxConnections)
 	f.ConnectionsRejected.WithLabelValues(RejectMaxConnectionsPerIP)
-	r.MustRegister(f.AcceptErrors, f.ConnectionsOpen, f.ConnectionsRejected, f.UpstreamTimeouts, f.UpstreamFailures,
+	for _, r := range []string{LingerEOF, LingerTime, LingerBytes, LingerError, LingerShutdown, LingerSkipped} {
+		f.LingeringCloses.WithLabelValues(r)
+	}
+	r.MustRegister(f.AcceptErrors, f.ConnectionsOpen, f.ConnectionsRejected, f.ConnectionsLingering, f.LingeringCloses, f.UpstreamTimeouts, f.UpstreamFailures,
 		f.RetryBudgetExhausted, f.Ejections, f.EndpointEjected)
 	return f
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/gateway/config"
@@ -191,6 +192,19 @@ func New(o Options) *Server {
 		ErrorHandler:          s.errorHandler,
 	})
 	s.app.Server().HeaderReceived = s.headerReceived
+	// fasthttp calls its ErrorHandler (Fiber's, which calls errorHandler) only for a request it could not
+	// read (413, a refusal on the headers, a parse error), and then closes the connection: with the rest
+	// of the request possibly still arriving, that close gets a lingering close (listener.go). A request
+	// of which nothing was read, or whose read timed out, sends nothing more worth waiting for.
+	onReadError := s.app.Server().ErrorHandler
+	s.app.Server().ErrorHandler = func(ctx *fasthttp.RequestCtx, err error) {
+		var nothing fasthttp.ErrNothingRead
+		var ne net.Error
+		if !errors.As(err, &nothing) && !(errors.As(err, &ne) && ne.Timeout()) {
+			lingerOnClose(ctx.Conn())
+		}
+		onReadError(ctx, err)
+	}
 	s.app.Use(s.cors) // preflights are answered before auth: they carry no credentials (cors.go)
 	s.app.Use(s.auth)
 	s.app.Post("/v1/chat/completions", s.generate(openai.Chat))
@@ -222,7 +236,8 @@ func (s *Server) App() *fiber.App { return s.app }
 // only after Shutdown or when ln is closed.
 func (s *Server) Serve(ln net.Listener) error {
 	cfg := s.o.Config
-	var l net.Listener = newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted, s.o.Metrics.Front, s.o.Log)
+	var l net.Listener = newLimitListener(ln, cfg.MaxConnections, cfg.MaxConnectionsPerIP, s.trusted,
+		lingerLimits{time: cfg.ClientLingeringTime, bytes: cfg.ClientLingeringBytes, max: cfg.MaxLingeringConnections}, s.o.Metrics.Front, s.o.Log)
 	if s.o.TLS != nil {
 		// The handshake runs on the connection's first read, inside client_header_timeout.
 		l = tls.NewListener(l, s.o.TLS)
