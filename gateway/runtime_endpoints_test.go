@@ -109,6 +109,17 @@ func listEndpoints(t testing.TB, g *Gateway) admin.EndpointList {
 	return l
 }
 
+// tryStates is states(listEndpoints(t, g)) for a wait: a non-200 answer (a 503 while the store is lost
+// or before this gateway follows a re-seeded one) renders as "HTTP <code>" instead of failing the test.
+func tryStates(t testing.TB, g *Gateway) string {
+	t.Helper()
+	var l admin.EndpointList
+	if code := adminCall(t, g, http.MethodGet, "/admin/v1/endpoints", "", &l); code != 200 {
+		return fmt.Sprintf("HTTP %d", code)
+	}
+	return states(l)
+}
+
 // states renders a list as "id:state" sorted by ID, with "(removing)" and "+routed" when set here.
 func states(l admin.EndpointList) string {
 	var out []string
