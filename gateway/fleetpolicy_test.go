@@ -96,7 +96,7 @@ func TestFleetRollbackOneAnswer(t *testing.T) {
 	if st, body := rollback(t, b); st != 409 || adminCode(body) != "no_previous" {
 		t.Fatalf("rollback through b after a's: %d %s, want 409 no_previous", st, body)
 	}
-	time.Sleep(2 * PolicyReconcileInterval)
+	reconciled(t, 2, f.gws...) // rounds that read the store after b's refused rollback
 	f.serves(builtin, floorCfg)
 
 	p1 := f.upload(b, "p1", append(append([]byte{}, plugins.BuiltinWasm...), 0, 6, 4, 'k', 'v', 'g', 'x', 1))
@@ -172,7 +172,7 @@ func TestFleetReseedAfterEmptyRestart(t *testing.T) {
 	v := f.upload(a, "keep", plugins.BuiltinWasm)
 	f.activate(f.gws[1], v, `{"imbalance_threshold":7}`)
 	f.serves(v, `{"imbalance_threshold":7}`)
-	time.Sleep(2 * PolicyReconcileInterval) // both gateways have copied the fleet state
+	reconciled(t, 1, f.gws...) // both gateways have copied the fleet state
 	f.rs.Restart()
 	rc := f.rs.Client(t)
 	if !waitFor(10*time.Second, func() bool { return rc.Exists(t.Context(), "kvg:v1:{blobs}:d:"+string(v)).Val() == 1 }) {
@@ -334,7 +334,7 @@ func TestFleetRollingUpgradeLayout1(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.serves(sum, `{"imbalance_threshold":5}`)
-	time.Sleep(2 * PolicyReconcileInterval)
+	reconciled(t, 2, f.gws...) // every gateway has adopted the old gateway's value and written the stack
 	fl, err := st.Policies.ReadFleet(ctx)
 	if err != nil {
 		t.Fatal(err)
