@@ -246,3 +246,38 @@ func tpuCopied(t testing.TB, pool, id string, gws ...*Gateway) {
 		})
 	}
 }
+
+// leaseRounded waits until each gateway's ingestion loop of every configured endpoint with kv_events has
+// finished n lease rounds (acquire, renew or fence check; one per IngestLeaseTick) that began after the
+// call: the event an "ingestion did not move" check waits for instead of sleeping.
+func leaseRounded(t testing.TB, n int, gws ...*Gateway) {
+	t.Helper()
+	rounds := func(g *Gateway, id string) uint64 {
+		g.ingMu.Lock()
+		defer g.ingMu.Unlock()
+		return g.leaseRounds[id]
+	}
+	type key struct {
+		g  int
+		id string
+	}
+	marks := map[key]uint64{}
+	for i, g := range gws {
+		for _, m := range g.cfg.Models {
+			for _, e := range m.Endpoints {
+				if e.KVEvents != "" {
+					marks[key{i, e.ID}] = rounds(g, e.ID)
+				}
+			}
+		}
+	}
+	if len(marks) == 0 {
+		t.Fatal("leaseRounded: no endpoint with kv_events")
+	}
+	for k, r0 := range marks {
+		testenv.Eventually(t, 10*time.Second+time.Duration(n+1)*IngestLeaseTick,
+			fmt.Sprintf("%d lease rounds of %s on gateway %d", n, k.id, k.g), func() bool {
+				return rounds(gws[k.g], k.id) >= r0+uint64(n)+1
+			})
+	}
+}
