@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -287,7 +289,8 @@ models:
     endpoints_from: {dns: ` + name + `, port: ` + fmt.Sprint(port) + `, engine: enginesim, refresh: 200ms, resolver: "` + dns.addr + `", max_inflight_requests: 32}
 `
 	a := startGateway(t, yaml)
-	b := startGateway(t, yaml)
+	var blogs logBuffer // b's warnings: the failed resolution after the resolver is gone
+	b := startGatewayTo(t, yaml, io.MultiWriter(os.Stderr, &blogs), slog.LevelWarn)
 	id := func(i int) string { return fmt.Sprintf("qwen3@127.0.0.%d:%d", i, port) }
 	want := func(ids ...int) string {
 		var s []string
@@ -337,8 +340,13 @@ models:
 	if !waitFor(10*time.Second, func() bool { return states(listEndpoints(t, b)) == want(4) }) {
 		t.Fatalf("after the name came back: %s", states(listEndpoints(t, b)))
 	}
+	// The event: b's next resolution failed (after a success, b logs the next failure).
+	failed := map[string]any{"msg": "endpoint discovery failed: the discovered endpoints stay as they are"}
+	before := len(blogs.lines(failed))
 	dns.cmd.Process.Kill()
-	time.Sleep(time.Second)
+	if !waitFor(10*time.Second, func() bool { return len(blogs.lines(failed)) > before }) {
+		t.Fatalf("b never failed a resolution with the resolver gone; log:\n%s", blogs.String())
+	}
 	if s := states(listEndpoints(t, b)); s != want(4) {
 		t.Fatalf("with the resolver gone: %s", s)
 	}
