@@ -20,6 +20,7 @@ import (
 // epoch for both markers), re-seeded by exactly one gateway, the TPU slice quarantined exactly once, and
 // everything is seen through the other gateway.
 func TestEmptyRestartOneEvent(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts and restarts redis-server")
 	}

@@ -82,6 +82,7 @@ func (f *fleetTest) serves(v plugins.Version, cfg string, gws ...*Gateway) {
 // once through A and B from a stack of depth 3 move the fleet back exactly two steps; from depth 2, one of
 // them is refused. A third gateway, asked nothing, serves the same throughout.
 func TestFleetRollbackOneAnswer(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 3)
 	a, b := f.gws[0], f.gws[1]
 	builtin := a.Host().BuiltinVersion()
@@ -165,6 +166,7 @@ func TestFleetUnloadThenRollbackDoesNotResurrect(t *testing.T) {
 // gateways write their copy back (one of them wins); a gateway started afterwards serves the fleet's policy,
 // and a rollback through it returns to the configured policy.
 func TestFleetReseedAfterEmptyRestart(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 2)
 	a := f.gws[0]
 	builtin := a.Host().BuiltinVersion()
@@ -309,6 +311,7 @@ func TestFleetFailedLoadVisibleAndRetried(t *testing.T) {
 // activation written by an old gateway is adopted onto the stack once (three new gateways race for it), so the
 // new ones follow it too and a rollback through a new gateway undoes it.
 func TestFleetRollingUpgradeLayout1(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 3)
 	a := f.gws[0]
 	builtin := a.Host().BuiltinVersion()
@@ -376,6 +379,7 @@ func TestFleetRollingUpgradeLayout1(t *testing.T) {
 // its configured policy, so it serves what the old gateways serve, and a rollback through it returns to the
 // configured policy.
 func TestFleetUpgradeFromLayout1Only(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 0)
 	ctx := context.Background()
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: "redis", Addrs: []string{f.rs.Addr}})

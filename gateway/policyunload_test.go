@@ -31,6 +31,7 @@ func adminCode(b []byte) string {
 // One gateway on the memory store: DELETE needs the admin token in every path spelling, and an unloaded
 // version stays unloaded (its stored module is gone, so the reconcile loop does not load it again).
 func TestPolicyUnloadSingleGateway(t *testing.T) {
+	t.Parallel() // waits on its own gateway and engine only; asserts no latency bound
 	engines := startSims(t, 1, nil)
 	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
 	v := plugins.VersionOf("gone", plugins.BuiltinWasm)
