@@ -43,7 +43,9 @@ func TestEndpointsFleetUnderTraffic(t *testing.T) {
 
 	stop := make(chan struct{})
 	counts, wg := steadyTraffic([]*Gateway{a, b}, 4, stop)
-	time.Sleep(1500 * time.Millisecond)
+	counts.await(t, "traffic on e0 and e1 before the change", func(c *trafficCounts) bool {
+		return c.byEndpoint["e0"] > 0 && c.byEndpoint["e1"] > 0 && c.ok.Load() >= 10 && c.streamOK.Load() >= 10
+	})
 	changed := time.Now()
 	writeFile(t, pa, fileYAML(store, after))
 	if !waitFor(10*time.Second, func() bool { return states(listEndpoints(t, b)) == "e1:active+routed e2:active+routed" }) {
@@ -68,7 +70,11 @@ func TestEndpointsFleetUnderTraffic(t *testing.T) {
 	if !waitFor(5*time.Second, func() bool { return len(mismatchOf(t, b)) == 0 }) {
 		t.Fatalf("B's mismatch after its file changed: %q", mismatchOf(t, b))
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// 150 requests after the change: where e0, were it still routed, would have served some.
+	n0 := counts.served()
+	counts.await(t, "150 requests after the change, some on e2", func(c *trafficCounts) bool {
+		return c.served() >= n0+150 && c.byEndpoint["e2"] > 0 && c.ok.Load() >= 20 && c.streamOK.Load() >= 20
+	})
 	close(stop)
 	wg.Wait()
 	counts.mu.Lock()
@@ -309,7 +315,7 @@ models:
 	}
 	stop := make(chan struct{})
 	counts, wg := steadyTraffic([]*Gateway{a, b}, 4, stop)
-	time.Sleep(time.Second)
+	counts.await(t, "traffic on .2 and .3", func(c *trafficCounts) bool { return c.byEndpoint[id(2)] > 0 && c.byEndpoint[id(3)] > 0 })
 	// .4 appears, .2 disappears; then the engine at .2 stops once it is out of the fleet.
 	dns.Set(t, name, "127.0.0.3", "127.0.0.4")
 	for _, g := range []*Gateway{a, b} {
@@ -318,7 +324,8 @@ models:
 		}
 	}
 	engines[0].Close()
-	time.Sleep(time.Second)
+	n0 := counts.served()
+	counts.await(t, "100 requests after .2's engine stopped", func(c *trafficCounts) bool { return c.served() >= n0+100 })
 	// .3 goes too: drained and removed, then its engine stops.
 	dns.Set(t, name, "127.0.0.4")
 	for _, g := range []*Gateway{a, b} {
@@ -327,7 +334,8 @@ models:
 		}
 	}
 	engines[1].Close()
-	time.Sleep(time.Second)
+	n1 := counts.served()
+	counts.await(t, "100 requests after .3's engine stopped", func(c *trafficCounts) bool { return c.served() >= n1+100 })
 	close(stop)
 	wg.Wait()
 	// A name that no longer exists (NXDOMAIN) is an empty fleet; a resolver that does not answer changes
