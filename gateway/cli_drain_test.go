@@ -168,7 +168,7 @@ models:
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
-	time.Sleep(1200 * time.Millisecond) // B's ingestion loop tried the lease at least once: A holds it
+	leaseRounded(t, 1, b) // B's ingestion loop tried the lease at least once: A holds it
 	if len(b.IngestStats()) != 0 {
 		t.Fatalf("B ingests while A holds the lease: %+v", b.IngestStats())
 	}

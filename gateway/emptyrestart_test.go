@@ -20,6 +20,7 @@ import (
 // epoch for both markers), re-seeded by exactly one gateway, the TPU slice quarantined exactly once, and
 // everything is seen through the other gateway.
 func TestEmptyRestartOneEvent(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts and restarts redis-server")
 	}
@@ -44,7 +45,8 @@ func TestEmptyRestartOneEvent(t *testing.T) {
 		t.Fatalf("reserve through a: %d %v", st, l)
 	}
 	f.serves(v, `{"imbalance_threshold":7}`)
-	time.Sleep(2*tpuCopyInterval + 2*PolicyReconcileInterval) // both gateways have copied everything
+	tpuCopied(t, "fleet", "s1", f.gws...) // both gateways have copied everything
+	reconciled(t, 1, f.gws...)
 	rs.Restart()
 	rc := rs.Client(t)
 	ctx := context.Background()
@@ -75,7 +77,7 @@ func TestEmptyRestartOneEvent(t *testing.T) {
 			rc.Exists(ctx, "kvg:v1:{blobs}:d:"+string(v)).Val(), endpoints(), quarantined())
 	}
 	f.serves(v, `{"imbalance_threshold":7}`)
-	time.Sleep(3 * PolicyReconcileInterval) // room for a second re-seed or quarantine, which must not come
+	reconciled(t, 3, f.gws...) // room for a second re-seed or quarantine, which must not come
 	res := rc.Get(ctx, "kvg:"+kvstore.LayoutVersion+":{res}:epoch").Val()
 	fleet := rc.Get(ctx, "kvg:"+kvstore.LayoutVersion+":{blobs}:epoch").Val()
 	if res == "" || fleet != res {

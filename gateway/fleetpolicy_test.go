@@ -82,6 +82,7 @@ func (f *fleetTest) serves(v plugins.Version, cfg string, gws ...*Gateway) {
 // once through A and B from a stack of depth 3 move the fleet back exactly two steps; from depth 2, one of
 // them is refused. A third gateway, asked nothing, serves the same throughout.
 func TestFleetRollbackOneAnswer(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 3)
 	a, b := f.gws[0], f.gws[1]
 	builtin := a.Host().BuiltinVersion()
@@ -96,7 +97,7 @@ func TestFleetRollbackOneAnswer(t *testing.T) {
 	if st, body := rollback(t, b); st != 409 || adminCode(body) != "no_previous" {
 		t.Fatalf("rollback through b after a's: %d %s, want 409 no_previous", st, body)
 	}
-	time.Sleep(2 * PolicyReconcileInterval)
+	reconciled(t, 2, f.gws...) // rounds that read the store after b's refused rollback
 	f.serves(builtin, floorCfg)
 
 	p1 := f.upload(b, "p1", append(append([]byte{}, plugins.BuiltinWasm...), 0, 6, 4, 'k', 'v', 'g', 'x', 1))
@@ -165,6 +166,7 @@ func TestFleetUnloadThenRollbackDoesNotResurrect(t *testing.T) {
 // gateways write their copy back (one of them wins); a gateway started afterwards serves the fleet's policy,
 // and a rollback through it returns to the configured policy.
 func TestFleetReseedAfterEmptyRestart(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 2)
 	a := f.gws[0]
 	builtin := a.Host().BuiltinVersion()
@@ -172,7 +174,7 @@ func TestFleetReseedAfterEmptyRestart(t *testing.T) {
 	v := f.upload(a, "keep", plugins.BuiltinWasm)
 	f.activate(f.gws[1], v, `{"imbalance_threshold":7}`)
 	f.serves(v, `{"imbalance_threshold":7}`)
-	time.Sleep(2 * PolicyReconcileInterval) // both gateways have copied the fleet state
+	reconciled(t, 1, f.gws...) // both gateways have copied the fleet state
 	f.rs.Restart()
 	rc := f.rs.Client(t)
 	if !waitFor(10*time.Second, func() bool { return rc.Exists(t.Context(), "kvg:v1:{blobs}:d:"+string(v)).Val() == 1 }) {
@@ -309,6 +311,7 @@ func TestFleetFailedLoadVisibleAndRetried(t *testing.T) {
 // activation written by an old gateway is adopted onto the stack once (three new gateways race for it), so the
 // new ones follow it too and a rollback through a new gateway undoes it.
 func TestFleetRollingUpgradeLayout1(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 3)
 	a := f.gws[0]
 	builtin := a.Host().BuiltinVersion()
@@ -334,7 +337,7 @@ func TestFleetRollingUpgradeLayout1(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.serves(sum, `{"imbalance_threshold":5}`)
-	time.Sleep(2 * PolicyReconcileInterval)
+	reconciled(t, 2, f.gws...) // every gateway has adopted the old gateway's value and written the stack
 	fl, err := st.Policies.ReadFleet(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -376,6 +379,7 @@ func TestFleetRollingUpgradeLayout1(t *testing.T) {
 // its configured policy, so it serves what the old gateways serve, and a rollback through it returns to the
 // configured policy.
 func TestFleetUpgradeFromLayout1Only(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 0)
 	ctx := context.Background()
 	st, err := kvstore.OpenStore(ctx, kvstore.StoreConfig{Kind: "redis", Addrs: []string{f.rs.Addr}})

@@ -74,7 +74,10 @@ type Gateway struct {
 	metrics   *metrics.Metrics
 	ingMu     sync.Mutex
 	ingesters map[string]*kvevents.Ingester // endpoint → running ingester (this gateway holds its lease)
-	models    map[string]server.ServedModel
+	// leaseRounds counts runIngestion's finished lease rounds (acquire, renew or fence check) by endpoint.
+	// Only tests read it: "still nobody else ingests" waits for a round begun after its action, not a sleep.
+	leaseRounds map[string]uint64
+	models      map[string]server.ServedModel
 	// policySync makes the policy host follow the store's fleet state and carries the admin API's policy
 	// operations to it (memory or Redis).
 	policySync *policySync

@@ -212,3 +212,72 @@ func waitSubscribed(t testing.TB, engines []*sim.Engine, gws ...*Gateway) {
 		t.Fatal("engines have no event subscriber")
 	}
 }
+
+// reconciled waits until each gateway's fleet-state follower has finished n reconcile rounds and n loader
+// passes that began after the call (so each read the store as it was at the call): the event a "nothing
+// else changes" check waits for instead of sleeping some multiple of PolicyReconcileInterval.
+func reconciled(t testing.TB, n int, gws ...*Gateway) {
+	t.Helper()
+	type mark struct{ rounds, loads uint64 }
+	marks := make([]mark, len(gws))
+	for i, g := range gws {
+		marks[i] = mark{g.policySync.rounds.Load(), g.policySync.loads.Load()}
+	}
+	want := uint64(n) + 1 // the round (pass) under way at the call is not counted
+	for i, g := range gws {
+		testenv.Eventually(t, 10*time.Second+time.Duration(n)*PolicyReconcileInterval,
+			fmt.Sprintf("%d reconcile rounds of gateway %d", n, i), func() bool {
+				return g.policySync.rounds.Load() >= marks[i].rounds+want && g.policySync.loads.Load() >= marks[i].loads+want
+			})
+	}
+}
+
+// tpuCopied waits until each gateway's copy of the store's TPU slices (tpuSlices, refreshed every
+// tpuCopyInterval) holds slice id of pool with a lease seen in it: what a test that then empties the store
+// needs copied, instead of sleeping a few copy intervals.
+func tpuCopied(t testing.TB, pool, id string, gws ...*Gateway) {
+	t.Helper()
+	for i, g := range gws {
+		testenv.Eventually(t, 10*time.Second+2*tpuCopyInterval, fmt.Sprintf("gateway %d's copy of TPU slice %s", i, id), func() bool {
+			g.tpuCopy.mu.Lock()
+			defer g.tpuCopy.mu.Unlock()
+			_, ok := g.tpuCopy.pools[pool][id]
+			return ok && g.tpuCopy.longest > 0
+		})
+	}
+}
+
+// leaseRounded waits until each gateway's ingestion loop of every configured endpoint with kv_events has
+// finished n lease rounds (acquire, renew or fence check; one per IngestLeaseTick) that began after the
+// call: the event an "ingestion did not move" check waits for instead of sleeping.
+func leaseRounded(t testing.TB, n int, gws ...*Gateway) {
+	t.Helper()
+	rounds := func(g *Gateway, id string) uint64 {
+		g.ingMu.Lock()
+		defer g.ingMu.Unlock()
+		return g.leaseRounds[id]
+	}
+	type key struct {
+		g  int
+		id string
+	}
+	marks := map[key]uint64{}
+	for i, g := range gws {
+		for _, m := range g.cfg.Models {
+			for _, e := range m.Endpoints {
+				if e.KVEvents != "" {
+					marks[key{i, e.ID}] = rounds(g, e.ID)
+				}
+			}
+		}
+	}
+	if len(marks) == 0 {
+		t.Fatal("leaseRounded: no endpoint with kv_events")
+	}
+	for k, r0 := range marks {
+		testenv.Eventually(t, 10*time.Second+time.Duration(n+1)*IngestLeaseTick,
+			fmt.Sprintf("%d lease rounds of %s on gateway %d", n, k.id, k.g), func() bool {
+				return rounds(gws[k.g], k.id) >= r0+uint64(n)+1
+			})
+	}
+}

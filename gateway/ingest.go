@@ -151,6 +151,12 @@ func (g *Gateway) runIngestion(ctx context.Context, m config.Model, e config.End
 			}
 		}
 		cancel()
+		g.ingMu.Lock()
+		if g.leaseRounds == nil {
+			g.leaseRounds = map[string]uint64{}
+		}
+		g.leaseRounds[e.ID]++
+		g.ingMu.Unlock()
 		select {
 		case <-ctx.Done():
 			return

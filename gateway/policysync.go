@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,6 +70,9 @@ type policySync struct {
 	emptied     chan struct{}
 	epochHint   string
 	quarantined string
+	// rounds and loads count the finished reconcile rounds of run and passes of runLoader. Only tests read
+	// them: a "nothing changes" check waits for a round begun after its action instead of sleeping.
+	rounds, loads atomic.Uint64
 }
 
 // loadFailure is a module that failed to load here: the cause, how often, and when to try again.
@@ -366,6 +370,7 @@ func (p *policySync) run(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		p.reconcile(rctx)
 		cancel()
+		p.rounds.Add(1)
 	}
 }
 
@@ -380,6 +385,7 @@ func (p *policySync) runLoader(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		p.loadAll(rctx)
 		cancel()
+		p.loads.Add(1)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/kvstore/redistest"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 	"github.com/kvgate/kvgate/plugins"
 )
 
@@ -30,6 +31,7 @@ func adminCode(b []byte) string {
 // One gateway on the memory store: DELETE needs the admin token in every path spelling, and an unloaded
 // version stays unloaded (its stored module is gone, so the reconcile loop does not load it again).
 func TestPolicyUnloadSingleGateway(t *testing.T) {
+	t.Parallel() // waits on its own gateway and engine only; asserts no latency bound
 	engines := startSims(t, 1, nil)
 	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
 	v := plugins.VersionOf("gone", plugins.BuiltinWasm)
@@ -64,7 +66,7 @@ func TestPolicyUnloadSingleGateway(t *testing.T) {
 	if _, _, err := g.store.Blobs.GetBlob(t.Context(), string(v)); err == nil {
 		t.Fatal("the stored module is still there")
 	}
-	time.Sleep(3 * PolicyReconcileInterval)
+	reconciled(t, 3, g)
 	if hasVersion(g, v) {
 		t.Fatal("the unloaded version came back")
 	}
@@ -84,7 +86,7 @@ func TestPolicyUnloadSingleGateway(t *testing.T) {
 	if st, b := adminDo(t, g, "PUT", "/admin/v1/policies/gone", string(plugins.BuiltinWasm)); st != 201 {
 		t.Fatalf("upload: %d %s", st, b)
 	}
-	time.Sleep(3 * PolicyReconcileInterval)
+	reconciled(t, 3, g)
 	if !hasVersion(g, v) {
 		t.Fatal("the version uploaded last was unloaded")
 	}
@@ -98,7 +100,11 @@ func TestPolicyUnloadSingleGateway(t *testing.T) {
 	if err := g.store.Blobs.PutBlob(ctx, string(jv), sha, junk); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * PolicyReconcileInterval) // the loader tries it and fails
+	testenv.Eventually(t, 10*time.Second, "the loader's failure to load junk", func() bool { // the loader tries it and fails
+		g.policySync.mu.Lock()
+		defer g.policySync.mu.Unlock()
+		return g.policySync.failed[string(jv)] != nil
+	})
 	if hasVersion(g, jv) {
 		t.Fatal("junk loaded")
 	}
@@ -183,7 +189,7 @@ func TestPolicyUnloadTwoGatewaysOnRedis(t *testing.T) {
 	if st, body := del(b, v); st != 404 || adminCode(body) != "policy_not_found" {
 		t.Fatalf("DELETE on b afterwards: %d %s", st, body)
 	}
-	time.Sleep(2 * PolicyReconcileInterval)
+	reconciled(t, 2, a, b)
 	if hasVersion(a, v) || hasVersion(b, v) {
 		t.Fatal("the unloaded version came back")
 	}

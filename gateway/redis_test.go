@@ -62,7 +62,7 @@ func TestTwoGatewaysOnRedis(t *testing.T) {
 	if !waitFor(5*time.Second, func() bool { return len(a.IngestStats())+len(b.IngestStats()) == 3 }) {
 		t.Fatalf("ingesters: a %d, b %d", len(a.IngestStats()), len(b.IngestStats()))
 	}
-	time.Sleep(1500 * time.Millisecond) // a renewal round: still one each
+	leaseRounded(t, 1, a, b) // a renewal round: still one each
 	if n := len(a.IngestStats()) + len(b.IngestStats()); n != 3 {
 		t.Fatalf("%d ingesters for 3 endpoints", n)
 	}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -41,7 +43,9 @@ func TestEndpointsFleetUnderTraffic(t *testing.T) {
 
 	stop := make(chan struct{})
 	counts, wg := steadyTraffic([]*Gateway{a, b}, 4, stop)
-	time.Sleep(1500 * time.Millisecond)
+	counts.await(t, "traffic on e0 and e1 before the change", func(c *trafficCounts) bool {
+		return c.byEndpoint["e0"] > 0 && c.byEndpoint["e1"] > 0 && c.ok.Load() >= 10 && c.streamOK.Load() >= 10
+	})
 	changed := time.Now()
 	writeFile(t, pa, fileYAML(store, after))
 	if !waitFor(10*time.Second, func() bool { return states(listEndpoints(t, b)) == "e1:active+routed e2:active+routed" }) {
@@ -66,7 +70,11 @@ func TestEndpointsFleetUnderTraffic(t *testing.T) {
 	if !waitFor(5*time.Second, func() bool { return len(mismatchOf(t, b)) == 0 }) {
 		t.Fatalf("B's mismatch after its file changed: %q", mismatchOf(t, b))
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// 150 requests after the change: where e0, were it still routed, would have served some.
+	n0 := counts.served()
+	counts.await(t, "150 requests after the change, some on e2", func(c *trafficCounts) bool {
+		return c.served() >= n0+150 && c.byEndpoint["e2"] > 0 && c.ok.Load() >= 20 && c.streamOK.Load() >= 20
+	})
 	close(stop)
 	wg.Wait()
 	counts.mu.Lock()
@@ -288,7 +296,8 @@ models:
     endpoints_from: {dns: ` + name + `, port: ` + fmt.Sprint(port) + `, engine: enginesim, refresh: 200ms, resolver: "` + dns.addr + `", max_inflight_requests: 32}
 `
 	a := startGateway(t, yaml)
-	b := startGateway(t, yaml)
+	var blogs logBuffer // b's warnings: the failed resolution after the resolver is gone
+	b := startGatewayTo(t, yaml, io.MultiWriter(os.Stderr, &blogs), slog.LevelWarn)
 	id := func(i int) string { return fmt.Sprintf("qwen3@127.0.0.%d:%d", i, port) }
 	want := func(ids ...int) string {
 		var s []string
@@ -307,7 +316,7 @@ models:
 	}
 	stop := make(chan struct{})
 	counts, wg := steadyTraffic([]*Gateway{a, b}, 4, stop)
-	time.Sleep(time.Second)
+	counts.await(t, "traffic on .2 and .3", func(c *trafficCounts) bool { return c.byEndpoint[id(2)] > 0 && c.byEndpoint[id(3)] > 0 })
 	// .4 appears, .2 disappears; then the engine at .2 stops once it is out of the fleet.
 	dns.Set(t, name, "127.0.0.3", "127.0.0.4")
 	for _, g := range []*Gateway{a, b} {
@@ -316,7 +325,8 @@ models:
 		}
 	}
 	engines[0].Close()
-	time.Sleep(time.Second)
+	n0 := counts.served()
+	counts.await(t, "100 requests after .2's engine stopped", func(c *trafficCounts) bool { return c.served() >= n0+100 })
 	// .3 goes too: drained and removed, then its engine stops.
 	dns.Set(t, name, "127.0.0.4")
 	for _, g := range []*Gateway{a, b} {
@@ -325,7 +335,8 @@ models:
 		}
 	}
 	engines[1].Close()
-	time.Sleep(time.Second)
+	n1 := counts.served()
+	counts.await(t, "100 requests after .3's engine stopped", func(c *trafficCounts) bool { return c.served() >= n1+100 })
 	close(stop)
 	wg.Wait()
 	// A name that no longer exists (NXDOMAIN) is an empty fleet; a resolver that does not answer changes
@@ -338,8 +349,13 @@ models:
 	if !waitFor(10*time.Second, func() bool { return states(listEndpoints(t, b)) == want(4) }) {
 		t.Fatalf("after the name came back: %s", states(listEndpoints(t, b)))
 	}
+	// The event: b's next resolution failed (after a success, b logs the next failure).
+	failed := map[string]any{"msg": "endpoint discovery failed: the discovered endpoints stay as they are"}
+	before := len(blogs.lines(failed))
 	dns.cmd.Process.Kill()
-	time.Sleep(time.Second)
+	if !waitFor(10*time.Second, func() bool { return len(blogs.lines(failed)) > before }) {
+		t.Fatalf("b never failed a resolution with the resolver gone; log:\n%s", blogs.String())
+	}
 	if s := states(listEndpoints(t, b)); s != want(4) {
 		t.Fatalf("with the resolver gone: %s", s)
 	}

@@ -410,6 +410,21 @@ func (c *trafficCounts) note(ep string, err error, stream bool) {
 	c.byEndpoint[ep]++
 }
 
+// served counts the requests served so far (streamed and not).
+func (c *trafficCounts) served() int64 { return c.ok.Load() + c.streamOK.Load() }
+
+// await waits until cond holds of the counts (called with c.mu held): a load window measured in requests
+// served, not in time, so a loaded machine makes it longer instead of emptier.
+func (c *trafficCounts) await(t testing.TB, what string, cond func(c *trafficCounts) bool) {
+	t.Helper()
+	if !waitFor(30*time.Second, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return cond(c) }) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		t.Fatalf("traffic: timed out waiting for %s: %d ok, %d streamed ok, %d failed, by endpoint %v, errors %q",
+			what, c.ok.Load(), c.streamOK.Load(), c.failed.Load()+c.streamFailed.Load(), c.byEndpoint, c.errs)
+	}
+}
+
 // steadyTraffic runs workers sending chat completions (every other one streamed) through the gateways in
 // turn with the official openai-go client, until stop is closed.
 func steadyTraffic(gws []*Gateway, workers int, stop <-chan struct{}) (*trafficCounts, *sync.WaitGroup) {

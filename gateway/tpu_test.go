@@ -153,7 +153,8 @@ func TestTPUSlicesQuarantinedAfterEmptyRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2*tpuCopyInterval + 2*PolicyReconcileInterval) // both gateways have copied the slice and the fleet state
+	tpuCopied(t, "fleet", "s1", a, b) // both gateways have copied the slice and the fleet state
+	reconciled(t, 1, a, b)
 	rs.Restart()
 	slice := func() map[string]any {
 		st, p := tpuAdmin(t, b, "GET", base, "", "admintok")

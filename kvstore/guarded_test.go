@@ -244,9 +244,11 @@ func TestRedisUnavailableClassification(t *testing.T) {
 	busy := redistest.StartArgs(t, "--lua-time-limit", "10")
 	bc := busy.Client(t)
 	go bc.Eval(context.Background(), "local t = redis.call('TIME') while true do end", nil)
-	time.Sleep(100 * time.Millisecond)
 	other := busy.Client(t)
-	if err := other.Ping(context.Background()).Err(); !kvstore.RedisUnavailable(err) || !redis.HasErrorPrefix(err, "BUSY") {
+	// The event: the script runs (a ping answers PONG until it does, then BUSY past lua-time-limit).
+	var err error
+	testenv.WaitFor(5*time.Second, func() bool { err = other.Ping(context.Background()).Err(); return err != nil })
+	if !kvstore.RedisUnavailable(err) || !redis.HasErrorPrefix(err, "BUSY") {
 		t.Errorf("ping during a long script: %v", err)
 	}
 	_ = other.ScriptKill(context.Background()).Err()

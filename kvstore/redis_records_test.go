@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // TestRedisSharedRecordsAcrossGateways: two gateways' indexes on one real Redis. A speculative Record
@@ -34,7 +35,12 @@ func TestRedisSharedRecordsAcrossGateways(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	// The event: Redis counts A's and B's subscriptions to the records channel (old has none).
+	rc, channel := srv.Client(t), pfx+":"+kvstore.LayoutVersion+":records"
+	testenv.Eventually(t, 5*time.Second, "A's and B's subscriptions to "+channel, func() bool {
+		n, err := rc.PubSubNumSub(ctx, channel).Result()
+		return err == nil && n[channel] == 2
+	})
 	eventually := func(idx kvstore.Index, want ...kvstore.EndpointMatch) {
 		t.Helper()
 		var got []kvstore.EndpointMatch

@@ -154,7 +154,8 @@ func TestReservationLayoutSwitch(t *testing.T) {
 		}
 	}
 	early = early[2:]
-	time.Sleep(300 * time.Millisecond)
+	g0 := grants.Load() // the workers run before the switch: 20 more grants, however slow the machine
+	testenv.Eventually(t, 10*time.Second, "20 grants before the switch", func() bool { return grants.Load() >= g0+20 })
 	setMarker(t, srv.Client(t), prefix, "2")
 	for i, g := range gws {
 		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("gateway %d switched", i), func() bool {
@@ -176,7 +177,8 @@ func TestReservationLayoutSwitch(t *testing.T) {
 			return !old
 		})
 	}
-	time.Sleep(200 * time.Millisecond)
+	s0 := sharded.Load() // and after the drain: 20 more sharded grants
+	testenv.Eventually(t, 10*time.Second, "20 sharded grants after the drain", func() bool { return sharded.Load() >= s0+20 })
 	stop.Store(true)
 	wg.Wait()
 	errs.Range(func(k, _ any) bool { t.Errorf("worker: %v", k); return true })

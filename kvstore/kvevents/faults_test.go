@@ -188,7 +188,13 @@ func TestIngestNoteInstanceDropsAtOnce(t *testing.T) {
 	p.pub(0, storeChain(t, toks))
 	waitStats(t, ing, "seq 0", seqIs(0))
 	ing.NoteInstance("100.25") // the same instance: nothing happens
-	time.Sleep(50 * time.Millisecond)
+	// The run goroutine takes the note from instCh and applies it before it handles a later message: once
+	// the note is taken, the next batch applied means the note was.
+	waitCond(t, "the run goroutine took the note", func() bool { return len(ing.instCh) == 0 })
+	p.pub(1, storeChain(t, tokens(500_000, 16)))
+	if s := waitStats(t, ing, "seq 1, after the note", seqIs(1)); s.Restarts != 0 {
+		t.Fatalf("the same instance noted again counted as a restart: %+v", s)
+	}
 	if g, _ := match(t, idx, toks, kvstore.ExtraKeys{}); g != 150 {
 		t.Fatalf("%d blocks, want 150", g)
 	}

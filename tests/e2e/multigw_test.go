@@ -205,8 +205,15 @@ func TestMultiGatewayRedis(t *testing.T) {
 			t.Errorf("%s still ranks with %q (%v) 3 s after activation on g0", g.Name, ex.Policy, err)
 		}
 	}
-	// Keep the load on long enough for every gateway's answers to carry the new header.
-	time.Sleep(4 * time.Second)
+	// Keep the load on until every gateway's answers carried the new header (checked below) and requests sent
+	// after the 3 s deadline have completed: each worker has at most one request in flight across the
+	// deadline, so 2 × workers completions after it include at least workers sent after it.
+	waitFor(30*time.Second, func() bool {
+		return newPolicySeenByGate[0].Load() && newPolicySeenByGate[1].Load() && newPolicySeenByGate[2].Load()
+	})
+	time.Sleep(time.Until(activated.Add(3 * time.Second))) // the deadline itself
+	afterDeadline := ok.Load()
+	waitFor(30*time.Second, func() bool { return ok.Load() >= afterDeadline+int64(2*workers) })
 	stop.Store(true)
 	wg.Wait()
 

@@ -58,16 +58,17 @@ func TestSamplingMismatchAndHealth(t *testing.T) {
 	_, ids, _ := m.EncodeChat(body)
 	g.Sent("e0", body, ids)
 	g.Sent("e0", body, ids)
-	time.Sleep(50 * time.Millisecond)
-	if n := g.Status()["e0"].Checks; n != 1 {
-		t.Fatalf("%d checks after 2 of every 3", n)
-	}
+	// Sent starts its check before it returns or not at all; the count after the third's check (below)
+	// says whether these two started one.
 	f := e.Faults()
 	f.TemplateDrift = true
 	e.SetFaults(f)
 	g.Sent("e0", body, ids) // the third: checked, mismatches
 	waitUntil(t, "the sampled mismatch", func() bool { return !g.Allow("e0") })
 	st := g.Status()["e0"]
+	if st.Checks != 2 {
+		t.Fatalf("%d checks after the probe round and 3 requests sent, want 2 (one of every 3 sampled)", st.Checks)
+	}
 	if st.LastMismatch == nil || st.LastMismatch.Check != "sample" || st.Mismatches != 1 || st.Needed != 2 ||
 		st.LastMismatch.Position != 2 || st.LastMismatch.GatewayLen != len(ids) {
 		t.Fatalf("status %+v %+v", st, st.LastMismatch)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // A vLLM 0.11-style exposition (label sets per model, HELP/TYPE lines, a histogram to skip).
@@ -196,11 +198,15 @@ func TestSetAddRemoveAtRunTime(t *testing.T) {
 	if !s.Remove("a") || s.Remove("a") {
 		t.Fatal("Remove: once")
 	}
-	time.Sleep(60 * time.Millisecond) // a probe in flight may finish
-	n := hits[0].Load()
-	time.Sleep(150 * time.Millisecond)
-	if got := hits[0].Load(); got != n {
-		t.Fatalf("a removed endpoint was probed %d more times", got-n)
+	// Remove ends a's probe loop; a probe already in flight may still reach a (its /health and /metrics).
+	// b's loop probes on the same interval: 5 more of its probes (10 requests) are 4 intervals in which a's
+	// loop, were it still running, would have probed a.
+	n, nb := hits[0].Load(), hits[1].Load()
+	if !testenv.WaitFor(5*time.Second, func() bool { return hits[1].Load() >= nb+10 }) {
+		t.Fatal("b's probes stopped")
+	}
+	if got := hits[0].Load(); got > n+2 {
+		t.Fatalf("a removed endpoint was probed %d more times (requests), want at most the one probe in flight", got-n)
 	}
 	if l := s.Load("a"); l.Healthy {
 		t.Fatalf("a removed endpoint reads healthy: %+v", l)
