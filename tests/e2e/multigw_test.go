@@ -39,6 +39,10 @@ func TestMultiGatewayRedis(t *testing.T) {
 	m := env.Model(engines, limit, 1_000_000)
 	m.QueueTimeout = 60 * time.Second // a request waits for capacity rather than failing: none may be lost
 	cfg := config.Config{Store: config.Store{Kind: config.StoreRedis, Addrs: []string{redis.Addr}},
+		// StoreTimeout 2s: on a loaded machine a store call over the default 200 ms puts one gateway on its
+		// store-down caps while the others still reserve on Redis, and the limit then holds per gateway
+		// only; the outage below is a stopped Redis (refused at once), not a slow one.
+		StoreTimeout:        2 * time.Second,
 		StoreDownLimitShare: 0.34, ScrapeInterval: 100 * time.Millisecond, LogLevel: "info", Models: []config.Model{m}}
 	gws := env.Gateways(3, cfg)
 	clients := make([]openai.Client, len(gws))
