@@ -256,7 +256,7 @@ func TestShardedReservationsClusterFleet(t *testing.T) {
 	for _, a := range cl.Addrs {
 		addrs = append(addrs, strconv.Quote(a))
 	}
-	yaml := gwYAML(simEndpointsYAML(engines, limit), "store: {kind: redis, cluster: true, index_layout: 2, reservation_layout: 2, addrs: ["+strings.Join(addrs, ", ")+"]}\n")
+	yaml := gwYAML(simEndpointsYAML(engines, limit), "store_timeout: 2s\nstore: {kind: redis, cluster: true, index_layout: 2, reservation_layout: 2, addrs: ["+strings.Join(addrs, ", ")+"]}\n")
 	g1, g2 := startGateway(t, yaml), startGateway(t, yaml)
 	if _, ok := g1.store.Reservations.(*kvstore.ShardedRedisReservations); !ok {
 		t.Fatalf("store reservations %T, want sharded", g1.store.Reservations)
