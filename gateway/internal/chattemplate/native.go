@@ -128,7 +128,7 @@ func renderNativeQwen3(msgs []jinja.Value, plain []nativeMsg, kw *jinja.Dict, ad
 			b = appendSeg(b, m)
 		}
 		b = append(b, genPrompt...)
-		arena = &byteArena{b: b}
+		arena = newByteArena(b)
 		out := bytesView(b, size)
 		pc.put(parts, len(parts), out[:offs[len(parts)]], arena, cap(b))
 		return out, true
@@ -140,13 +140,13 @@ func renderNativeQwen3(msgs []jinja.Value, plain []nativeMsg, kw *jinja.Dict, ad
 		more = appendSeg(more, m)
 	}
 	more = append(more, genPrompt...)
-	out, capacity, ok := arena.extend(cached, more)
+	out, capacity, ok := extend(arena, cached, more)
 	if !ok {
 		// A branch: another continuation follows the cached prefix in its array; this prompt gets an
 		// array of its own (one copy of the prefix, what every render cost without the cache).
 		b := make([]byte, 0, promptArenaCap(size))
 		b = append(append(b, cached...), more...)
-		arena, out, capacity = &byteArena{b: b}, bytesView(b, size), cap(b)
+		arena, out, capacity = newByteArena(b), bytesView(b, size), cap(b)
 	}
 	if cap(more) <= maxPromptScratch {
 		*scratch = more[:0]

@@ -106,7 +106,7 @@ func TestNativeMatchesEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mc, err := compile("default", "ENGINE", FormatString)
+	mc, err := compile("default", "ENGINE")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,10 @@
 package chattemplate
 
 import (
-	"container/list"
 	"hash/maphash"
-	"slices"
-	"sync"
 	"unsafe"
+
+	"github.com/kvgate/kvgate/gateway/internal/lru"
 )
 
 // PromptCache keeps the prompts of recent native renders (Qwen3's template, plain requests: native.go) so
@@ -18,10 +17,10 @@ import (
 // Prompts returned through a PromptCache are views of its append-only arrays: bytes below an array's
 // length are never written again, and a conversation's consecutive prompts share their common prefix's
 // memory (so a later exact comparison of the two, such as gateway/internal/model's prefix cache does, finds the
-// same pointer and costs nothing). It is a bounded LRU split into shards by key; safe for concurrent use.
+// same pointer and costs nothing). It is a bounded LRU split into shards by key (lru.Cache); safe for concurrent use.
 type PromptCache struct {
-	seed   maphash.Seed
-	shards [promptShards]promptShard
+	seed maphash.Seed
+	c    *lru.Cache[uint64, promptEntry]
 }
 
 const (
@@ -33,34 +32,25 @@ const (
 	promptKeyTail = 64
 )
 
-type promptShard struct {
-	mu    sync.Mutex
-	byKey map[uint64][]*promptEntry
-	order list.List // of *promptEntry, front = most recently used
-	bytes int
-	limit int
-}
-
 // promptEntry is the render of a request's first msgs messages: text (a view of arena's array, without the
 // generation prompt that may follow it there).
 type promptEntry struct {
-	key   uint64
 	msgs  int
 	text  string
 	arena *byteArena
-	size  int
-	el    *list.Element
 }
 
-// byteArena is the append-only byte array one conversation's prompts are views of. b[:len(b)] is never
-// written again; only appending needs mu.
-type byteArena struct {
-	mu sync.Mutex
-	b  []byte
-}
+// byteArena is the append-only byte array one conversation's prompts are views of (lru.Arena).
+type byteArena = lru.Arena[byte]
+
+// promptArenaSpare is the least spare capacity of a prompt arena, in bytes.
+const promptArenaSpare = 4096
 
 // promptArenaCap is the capacity of an arena array for n bytes: a quarter more, at least 4 KiB more.
-func promptArenaCap(n int) int { return n + max(n/4, 4096) }
+func promptArenaCap(n int) int { return lru.ArenaCap(n, promptArenaSpare) }
+
+// newByteArena makes an arena holding b (whose spare capacity it takes over).
+func newByteArena(b []byte) *byteArena { return lru.NewArena(b, promptArenaSpare) }
 
 // NewPromptCache returns a PromptCache holding at most limitBytes: each entry counts its arena array's
 // capacity (conservative: a conversation's entries share one array) plus 128 bytes. limitBytes <= 0 gives
@@ -69,12 +59,9 @@ func NewPromptCache(limitBytes int) *PromptCache {
 	if limitBytes <= 0 {
 		return nil
 	}
-	c := &PromptCache{seed: maphash.MakeSeed()}
-	for i := range c.shards {
-		c.shards[i].byKey = map[uint64][]*promptEntry{}
-		c.shards[i].limit = limitBytes / promptShards
-	}
-	return c
+	// Keys are hashes already: a key's shard is key % promptShards.
+	return &PromptCache{seed: maphash.MakeSeed(),
+		c: lru.New[uint64, promptEntry](limitBytes, promptShards, func(k uint64) uint64 { return k })}
 }
 
 // nativeMsg is one message of a native render: its role and content.
@@ -108,19 +95,11 @@ func (c *PromptCache) key(msgs []nativeMsg, k, n int) uint64 {
 // msgs downwards): k messages, their text (a view of arena). offs[i] is the text length of msgs[:i].
 func (c *PromptCache) lookup(msgs []nativeMsg, offs []int) (k int, text string, arena *byteArena) {
 	for k = len(msgs); k > 0 && k > len(msgs)-promptProbes; k-- {
-		key := c.key(msgs, k, offs[k])
-		sh := &c.shards[key%promptShards]
-		sh.mu.Lock()
-		for _, e := range sh.byKey[key] {
-			if e.msgs == k && len(e.text) == offs[k] && sameRender(e.text, msgs[:k]) {
-				sh.order.MoveToFront(e.el)
-				text, arena = e.text, e.arena
-				break
-			}
-		}
-		sh.mu.Unlock()
-		if arena != nil {
-			return k, text, arena
+		e, ok := c.c.Get(c.key(msgs, k, offs[k]), func(e *promptEntry) bool {
+			return e.msgs == k && len(e.text) == offs[k] && sameRender(e.text, msgs[:k])
+		})
+		if ok {
+			return k, e.text, e.arena
 		}
 	}
 	return 0, "", nil
@@ -143,73 +122,22 @@ func sameRender(text string, msgs []nativeMsg) bool {
 	return true
 }
 
-// put caches text (a view of arena), the render of msgs[:k].
+// put caches text (a view of arena, whose array has the given capacity), the render of msgs[:k], unless
+// a concurrent request, or the same request again, stored it already. An entry counts its arena array's
+// capacity plus 128 bytes.
 func (c *PromptCache) put(msgs []nativeMsg, k int, text string, arena *byteArena, capacity int) {
-	e := &promptEntry{key: c.key(msgs, k, len(text)), msgs: k, text: text, arena: arena, size: capacity + 128}
-	sh := &c.shards[e.key%promptShards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e.size > sh.limit {
-		return
-	}
-	for _, old := range sh.byKey[e.key] {
-		if old.msgs == k && old.text == text {
-			return // a concurrent request, or the same request again, stored it already
-		}
-	}
-	sh.byKey[e.key] = append(sh.byKey[e.key], e)
-	e.el = sh.order.PushFront(e)
-	sh.bytes += e.size
-	for sh.bytes > sh.limit {
-		sh.remove(sh.order.Back().Value.(*promptEntry))
-	}
-}
-
-func (sh *promptShard) remove(e *promptEntry) {
-	l := sh.byKey[e.key]
-	for i, x := range l {
-		if x == e {
-			l = append(l[:i:i], l[i+1:]...)
-			if len(l) == 0 {
-				delete(sh.byKey, e.key)
-			} else {
-				sh.byKey[e.key] = l
-			}
-			break
-		}
-	}
-	sh.order.Remove(e.el)
-	sh.bytes -= e.size
-	e.text, e.arena = "", nil
+	c.c.Add(c.key(msgs, k, len(text)), promptEntry{msgs: k, text: text, arena: arena}, capacity+128,
+		func(old *promptEntry) bool { return old.msgs == k && old.text == text })
 }
 
 // extend returns prefix (a view of a's array ending at a cached render's end) followed by more, as a view
-// of a's array: more is appended in place when the bytes after prefix are free or are the start of more
-// (the previous turn's generation prompt). ok is false when they belong to another continuation (a
-// branch: an edited or regenerated message); the caller then copies prefix into a new arena.
-func (a *byteArena) extend(prefix string, more []byte) (s string, capacity int, ok bool) {
-	n := len(prefix)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	have := a.b[n:]
-	k := 0
-	for k < len(have) && k < len(more) && have[k] == more[k] {
-		k++
-	}
-	switch {
-	case k == len(more):
-		return bytesView(a.b, n+k), cap(a.b), true
-	case k < len(have):
-		return "", 0, false
-	}
-	need := len(a.b) + len(more) - k
-	if need > cap(a.b) {
-		// Grow by about a quarter (each byte is copied about four times over a conversation); older
-		// views keep the older array.
-		a.b = slices.Grow(a.b[:len(a.b):len(a.b)], promptArenaCap(need)-len(a.b))
-	}
-	a.b = append(a.b, more[k:]...)
-	return bytesView(a.b, need), cap(a.b), true
+// of a's array (lru.Arena.Extend): more is appended in place when the bytes after prefix are free or are
+// the start of more (the previous turn's generation prompt). ok is false when they belong to another
+// continuation (a branch: an edited or regenerated message); the caller then copies prefix into a new
+// arena.
+func extend(a *byteArena, prefix string, more []byte) (s string, capacity int, ok bool) {
+	b, capacity, ok := a.Extend(len(prefix), more)
+	return bytesView(b, len(b)), capacity, ok
 }
 
 // bytesView is b[:n] as a string sharing b's memory; b[:n] must never be written again.

@@ -67,7 +67,6 @@ type Option func(*config)
 
 type config struct {
 	limits        Limits
-	format        ContentFormat
 	defaultKwargs *jinja.Dict
 	excludeTools  bool
 	now           func() time.Time
@@ -76,10 +75,6 @@ type config struct {
 
 // WithLimits sets the render limits.
 func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
-
-// WithContentFormat forces the content format instead of detecting it from the template (vLLM's
-// --chat-template-content-format).
-func WithContentFormat(f ContentFormat) Option { return func(c *config) { c.format = f } }
 
 // WithDefaultKwargs sets server-side template variables, overridden by a request's
 // chat_template_kwargs (vLLM's --default-chat-template-kwargs). kwargsJSON is a JSON object; key order is
@@ -161,13 +156,10 @@ func build(sources map[string]string, special []specialToken, opts []Option) (*T
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	if cfg.format < FormatAuto || cfg.format > FormatOpenAI {
-		return nil, fmt.Errorf("chattemplate: invalid content format %d", cfg.format)
-	}
 	cfg.limits = cfg.limits.withDefaults()
 	t := &Template{byName: map[string]*compiled{}, special: special, cfg: cfg}
 	for name, src := range sources {
-		c, err := compile(name, src, cfg.format)
+		c, err := compile(name, src)
 		if err != nil {
 			return nil, err
 		}
@@ -176,7 +168,7 @@ func build(sources map[string]string, special []specialToken, opts []Option) (*T
 	return t, nil
 }
 
-func compile(name, src string, forced ContentFormat) (c *compiled, err error) {
+func compile(name, src string) (c *compiled, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			c, err = nil, fmt.Errorf("chattemplate: template %q: compiler panic: %v", name, r)
@@ -191,11 +183,7 @@ func compile(name, src string, forced ContentFormat) (c *compiled, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: template %q: %w", name, err)
 	}
-	format := forced
-	if format == FormatAuto {
-		format = detectContentFormat(segs)
-	}
-	return &compiled{name: name, tmpl: tmpl, format: format, native: nativeFor(src)}, nil
+	return &compiled{name: name, tmpl: tmpl, format: detectContentFormat(segs), native: nativeFor(src)}, nil
 }
 
 // Load reads a Hugging Face model directory: tokenizer_config.json's chat_template (a string, or a list

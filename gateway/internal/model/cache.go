@@ -1,90 +1,29 @@
 package model
 
 import (
-	"container/list"
 	"hash/maphash"
-	"sync"
+
+	"github.com/kvgate/kvgate/gateway/internal/lru"
 )
 
-// segmentCache is a bounded LRU from a run of prompt text to its token IDs, split into shards by the
-// text's hash so concurrent requests rarely wait on the same lock.
+// segmentCache is a bounded LRU from a run of prompt text to its token IDs (an lru.Cache keyed by the
+// text, one value per key), split into shards by the text's hash so concurrent requests rarely wait on the
+// same lock. An entry counts its text, its IDs (4 bytes each) and 64 bytes.
 type segmentCache struct {
-	seed   maphash.Seed
-	shards [segmentShards]segmentShard
+	c *lru.Cache[string, []uint32]
 }
 
 const segmentShards = 16
 
-type segmentShard struct {
-	mu    sync.Mutex
-	items map[string]*list.Element
-	order list.List // front = most recently used
-	bytes int
-	limit int
-}
-
-type segmentEntry struct {
-	text string
-	ids  []uint32
-}
-
 func newSegmentCache(limitBytes int) *segmentCache {
-	c := &segmentCache{seed: maphash.MakeSeed()}
-	for i := range c.shards {
-		c.shards[i].items = map[string]*list.Element{}
-		c.shards[i].limit = limitBytes / segmentShards
-	}
-	return c
+	seed := maphash.MakeSeed()
+	return &segmentCache{c: lru.New[string, []uint32](limitBytes, segmentShards,
+		func(s string) uint64 { return maphash.String(seed, s) })}
 }
 
-func (c *segmentCache) shard(s string) *segmentShard {
-	return &c.shards[maphash.String(c.seed, s)%segmentShards]
-}
+func (c *segmentCache) get(s string) ([]uint32, bool) { return c.c.Get(s, nil) }
 
-func (c *segmentCache) get(s string) ([]uint32, bool) {
-	sh := c.shard(s)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	el, ok := sh.items[s]
-	if !ok {
-		return nil, false
-	}
-	sh.order.MoveToFront(el)
-	return el.Value.(*segmentEntry).ids, true
-}
-
-func entrySize(e *segmentEntry) int { return len(e.text) + 4*len(e.ids) + 64 }
-
-func (c *segmentCache) put(s string, ids []uint32) {
-	e := &segmentEntry{text: s, ids: ids}
-	size := entrySize(e)
-	sh := c.shard(s)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if size > sh.limit {
-		return
-	}
-	if _, ok := sh.items[s]; ok {
-		return
-	}
-	sh.items[s] = sh.order.PushFront(e)
-	sh.bytes += size
-	for sh.bytes > sh.limit {
-		back := sh.order.Back()
-		old := back.Value.(*segmentEntry)
-		sh.order.Remove(back)
-		delete(sh.items, old.text)
-		sh.bytes -= entrySize(old)
-	}
-}
+func (c *segmentCache) put(s string, ids []uint32) { c.c.Add(s, ids, len(s)+4*len(ids)+64, nil) }
 
 // len returns the number of cached segments (tests).
-func (c *segmentCache) len() int {
-	n := 0
-	for i := range c.shards {
-		c.shards[i].mu.Lock()
-		n += len(c.shards[i].items)
-		c.shards[i].mu.Unlock()
-	}
-	return n
-}
+func (c *segmentCache) len() int { return c.c.Len() }

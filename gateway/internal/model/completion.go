@@ -2,8 +2,6 @@ package model
 
 import (
 	"slices"
-	"strings"
-	"unicode/utf8"
 )
 
 // EncodeCompletion encodes a completions prompt with special tokens added (e.g. Llama's BOS), as vLLM does:
@@ -24,29 +22,18 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 		ids := m.tok.Encode(prompt, true)
 		return view(ids, len(ids))
 	}
-	var head, delta []uint32 // a cached prefix's IDs: in arena, or (a branch) head then delta
-	var arena *idArena
-	base, probes := 0, 0
-	m.tok.TextCutsBefore(prompt, len(prompt), func(p int) bool {
-		if p < minPrefix || probes == maxProbes {
-			return false
-		}
-		probes++
-		var ok bool
-		if head, delta, arena, ok = m.completions.lookup(prompt, p); ok {
-			base = p
-			return false
-		}
-		return true
+	probes := 0
+	prompt, hit := m.completions.longest(prompt, func(yield func(int) bool) {
+		m.tok.TextCutsBefore(prompt, len(prompt), func(p int) bool {
+			if p < minPrefix || probes == maxProbes {
+				return false
+			}
+			probes++
+			return yield(p)
+		})
 	})
-	if base > 0 && arena == nil {
-		arena, head = promote(head, delta)
-	}
-	if !utf8.ValidString(prompt[base:]) {
-		// A cached prefix is valid UTF-8 (it was repaired before it was cached), so only the rest needs
-		// repairing; the cuts are found in the repaired prompt.
-		prompt = prompt[:base] + strings.ToValidUTF8(prompt[base:], "\uFFFD")
-	}
+	base, head, arena := hit.base, hit.ids, hit.arena
+	// The cuts below are found in the repaired prompt.
 	cut := -1 // the prompt's last text cut after base: where the next cached prefix ends
 	m.tok.TextCutsBefore(prompt, len(prompt), func(p int) bool {
 		if p > base && p >= minPrefix {
@@ -83,7 +70,7 @@ func (m *Model) EncodeCompletion(prompt string) []uint32 {
 		m.completions.put(prompt, cut, view(out, mid), arena, len(prompt)+4*cap(out))
 		return view(out, len(out))
 	}
-	ids, capacity, ok := arena.extend(head, out)
+	ids, capacity, ok := arena.Extend(len(head), out)
 	switch {
 	case ok:
 		if cut > 0 {

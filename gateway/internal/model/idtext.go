@@ -1,10 +1,10 @@
 package model
 
 import (
-	"container/list"
-	"sync"
 	"unsafe"
 	"weak"
+
+	"github.com/kvgate/kvgate/gateway/internal/lru"
 )
 
 // DefaultIDTextCacheBytes bounds the token-ID text cache of a Model built by Load or New (AppendIDsJSON):
@@ -14,34 +14,29 @@ const DefaultIDTextCacheBytes = 32 << 20
 
 // idTextCache keeps the JSON text of recent ID arrays returned by the Model's encoders, keyed by the
 // array: a conversation's next turn is a longer view of the same append-only array (an idArena), so only
-// its new IDs are formatted. It is one LRU under one mutex (held for map and list operations only, never
-// while formatting).
+// its new IDs are formatted. It is one LRU under one mutex (an lru.Cache of one shard, one entry per key;
+// the lock is held for map and list operations only, never while formatting). An entry counts its text's
+// capacity plus 128 bytes.
+//
+// The key is a weak pointer to the array's first ID: it does not keep the array alive, and an array
+// allocated later at the same address gets another key (weak pointers name objects, not addresses), so
+// an entry is only ever found for the array whose IDs it formatted.
 type idTextCache struct {
-	mu sync.Mutex
-	// byBase is keyed by a weak pointer to the array's first ID: it does not keep the array alive, and an
-	// array allocated later at the same address gets another key (weak pointers name objects, not
-	// addresses), so an entry is only ever found for the array whose IDs it formatted.
-	byBase map[weak.Pointer[uint32]]*idTextEntry
-	order  list.List // of *idTextEntry, front = most recently used
-	bytes  int
-	limit  int
+	c *lru.Cache[weak.Pointer[uint32], idTextEntry]
 }
 
-// idTextEntry is the text of base's array's first n IDs: "[" then the IDs joined by ",", without the
+// idTextEntry is the text of its key's array's first n IDs: "[" then the IDs joined by ",", without the
 // closing "]". text is append-only (bytes below its length are never written again).
 type idTextEntry struct {
-	base weak.Pointer[uint32]
 	n    int
 	text []byte
-	size int
-	el   *list.Element
 }
 
 func newIDTextCache(limit int) *idTextCache {
 	if limit <= 0 {
 		return nil
 	}
-	return &idTextCache{byBase: map[weak.Pointer[uint32]]*idTextEntry{}, limit: limit}
+	return &idTextCache{c: lru.New[weak.Pointer[uint32], idTextEntry](limit, 1, nil)}
 }
 
 // AppendIDsJSON appends ids as a JSON array to dst, exactly format(dst, ids), where format is
@@ -59,15 +54,8 @@ func (m *Model) AppendIDsJSON(dst []byte, ids []uint32, format func(dst []byte, 
 		return format(dst, ids)
 	}
 	base := weak.Make(unsafe.SliceData(ids))
-	c.mu.Lock()
-	e := c.byBase[base]
-	var text []byte
-	n := 0
-	if e != nil && e.n <= len(ids) {
-		text, n = e.text, e.n
-		c.order.MoveToFront(e.el)
-	}
-	c.mu.Unlock()
+	e, _ := c.c.Get(base, func(e *idTextEntry) bool { return e.n <= len(ids) })
+	text, n := e.text, e.n
 	start := len(dst)
 	switch {
 	case n == len(ids):
@@ -81,41 +69,21 @@ func (m *Model) AppendIDsJSON(dst []byte, ids []uint32, format func(dst []byte, 
 		dst = format(dst, ids)
 	}
 	out := dst[start : len(dst)-1] // without "]"
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e != nil && c.byBase[base] == e && e.n == n && len(e.text) == len(text) {
-		// Extend the entry (no concurrent request of the conversation got there first).
-		old := cap(e.text)
-		e.text = append(e.text, out[len(text):]...)
-		e.n = len(ids)
-		c.bytes += cap(e.text) - old
-		e.size += cap(e.text) - old
-		c.evict()
+	if n > 0 {
+		// Extend the entry unless a concurrent request of the conversation got there first.
+		c.c.Grow(base, func(e *idTextEntry) (int, bool) {
+			if e.n != n || len(e.text) != len(text) {
+				return 0, false
+			}
+			old := cap(e.text)
+			e.text = append(e.text, out[len(text):]...)
+			e.n = len(ids)
+			return cap(e.text) - old, true
+		})
 		return dst
 	}
-	if n > 0 || c.byBase[base] != nil {
-		return dst
-	}
-	// Room for about a quarter more IDs, as the arenas have.
-	e = &idTextEntry{base: base, n: len(ids), text: append(make([]byte, 0, len(out)+max(len(out)/4, 8192)), out...)}
-	e.size = cap(e.text) + 128
-	if e.size > c.limit {
-		return dst
-	}
-	c.byBase[base] = e
-	e.el = c.order.PushFront(e)
-	c.bytes += e.size
-	c.evict()
+	// Room for about a quarter more IDs, as the arenas have; a concurrent request may have stored one.
+	text = append(make([]byte, 0, len(out)+max(len(out)/4, 8192)), out...)
+	c.c.Add(base, idTextEntry{n: len(ids), text: text}, cap(text)+128, nil)
 	return dst
-}
-
-// evict drops least recently used entries until the cache is within its limit; c.mu is held.
-func (c *idTextCache) evict() {
-	for c.bytes > c.limit {
-		e := c.order.Back().Value.(*idTextEntry)
-		c.order.Remove(e.el)
-		delete(c.byBase, e.base)
-		c.bytes -= e.size
-		e.text = nil
-	}
 }

@@ -108,13 +108,12 @@ func TestAppendIDsJSONNextTurnExtends(t *testing.T) {
 		if got := md.AppendIDsJSON(nil, ids, openai.AppendIDs); !bytes.Equal(got, openai.AppendIDs(nil, ids)) {
 			t.Fatal("text differs")
 		}
-		c := md.idText
-		c.mu.Lock()
-		e := c.byBase[weak.Make(unsafe.SliceData(ids))]
-		entries, used := len(c.byBase), c.bytes
-		c.mu.Unlock()
-		if e == nil || e.n != len(ids) || entries != 1 || used > c.limit {
-			t.Fatalf("turn %d: entry %v, %d entries, %d bytes: the cached text was not extended", i, e != nil, entries, used)
+		c := md.idText.c
+		e, found := c.Get(weak.Make(unsafe.SliceData(ids)), nil)
+		entries := c.Len()
+		used, _ := c.Bytes()
+		if !found || e.n != len(ids) || entries != 1 || used > c.ShardLimit() {
+			t.Fatalf("turn %d: entry %v, %d entries, %d bytes: the cached text was not extended", i, found, entries, used)
 		}
 		prev = ids
 	}

@@ -25,10 +25,10 @@ package model
 import (
 	"context"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/gateway/internal/chattemplate"
 	"github.com/kvgate/kvgate/gateway/internal/tokenizer"
@@ -192,26 +192,12 @@ func (m *Model) render(r *chattemplate.Request) (string, error) {
 // would corrupt later results of that conversation); slices.Clone it to own a copy. Its capacity equals
 // its length, so appending to it copies it and is safe.
 func (m *Model) EncodePrompt(prompt string) []uint32 {
-	var prefix, delta []uint32 // a cached prefix's IDs: in arena, or (a branch) prefix then delta
-	var arena *idArena
-	base := 0
+	var ends iter.Seq[int] // where a cached prefix may end
 	if len(prompt) > minPrefix && m.prefixes.enabled() {
-		m.prefixes.probeEnds(prompt, m.tok.AddedTokenEnds, func(p int) bool {
-			var ok bool
-			if prefix, delta, arena, ok = m.prefixes.lookup(prompt, p); ok {
-				base = p
-				return false
-			}
-			return true
-		})
+		ends = func(yield func(int) bool) { m.prefixes.probeEnds(prompt, m.tok.AddedTokenEnds, yield) }
 	}
-	if base > 0 && arena == nil {
-		arena, prefix = promote(prefix, delta)
-	}
-	if !utf8.ValidString(prompt[base:]) {
-		// A cached prefix is valid UTF-8 and ends after a token, so only the rest needs repairing.
-		prompt = prompt[:base] + strings.ToValidUTF8(prompt[base:], "\uFFFD")
-	}
+	prompt, hit := m.prefixes.longest(prompt, ends)
+	base, prefix, arena := hit.base, hit.ids, hit.arena
 	var out []uint32 // the IDs of prompt[base:]
 	var scratch *[]uint32
 	if base > 0 {
@@ -257,7 +243,7 @@ func (m *Model) EncodePrompt(prompt string) []uint32 {
 		m.prefixes.put(prompt, lastStable, view(out, lastStableIDs), arena, len(prompt)+4*cap(out))
 		return view(out, len(out))
 	}
-	ids, capacity, ok := arena.extend(prefix, out)
+	ids, capacity, ok := arena.Extend(len(prefix), out)
 	switch {
 	case ok:
 		if lastStable > base {

@@ -186,13 +186,10 @@ func TestSegmentCacheBounded(t *testing.T) {
 		s := fmt.Sprintf("%08d%s", i, strings.Repeat("x", 100))
 		c.put(s, []uint32{uint32(i)})
 	}
-	total := 0
-	for i := range c.shards {
-		if c.shards[i].bytes > c.shards[i].limit {
-			t.Errorf("shard %d holds %d bytes over its limit %d", i, c.shards[i].bytes, c.shards[i].limit)
-		}
-		total += len(c.shards[i].items)
+	if _, most := c.c.Bytes(); most > c.c.ShardLimit() {
+		t.Errorf("a shard holds %d bytes over its limit %d", most, c.c.ShardLimit())
 	}
+	total := c.len()
 	if total == 0 || total >= 10000 {
 		t.Errorf("cache holds %d entries", total)
 	}
@@ -385,9 +382,7 @@ func TestCachesDisabled(t *testing.T) {
 	if n := md.segs.len(); n != 0 {
 		t.Errorf("disabled segment cache holds %d entries", n)
 	}
-	for i := range md.prefixes.shards {
-		if n := len(md.prefixes.shards[i].byKey); n != 0 {
-			t.Errorf("disabled prefix cache shard %d holds %d keys", i, n)
-		}
+	if n := md.prefixes.c.Len(); n != 0 {
+		t.Errorf("disabled prefix cache holds %d entries", n)
 	}
 }

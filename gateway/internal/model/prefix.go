@@ -1,24 +1,27 @@
 package model
 
 import (
-	"container/list"
 	"hash/maphash"
+	"iter"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/gateway/internal/lru"
 )
 
 // prefixCache remembers the IDs of prompt prefixes that end at a stable added-token boundary
 // (tokenizer.SplitAdded). An entry is keyed by the prefix's length and a hash of its last keyBytes bytes;
 // a lookup probes the token ends of a new prompt from its end backwards (tokenizer.AddedTokenEnds), so the
 // previous turn of a conversation is found after a few probes, and confirms a hit by comparing the whole
-// prefix text, so a hit is exact. An entry's IDs live in an idArena shared with the conversation's other
+// prefix text, so a hit is exact. An entry's IDs live in an idArena (lru.Arena) shared with the conversation's other
 // turns and with the slices EncodePrompt returns, see RATIONALE.md. It is a bounded LRU split into shards
-// by key.
+// by key (lru.Cache).
 type prefixCache struct {
-	seed   maphash.Seed
-	shards [prefixShards]prefixShard
+	seed maphash.Seed
+	c    *lru.Cache[uint64, prefixEntry]
 	// ends holds the texts of the added tokens cached prefixes end with (one or two per chat template,
 	// e.g. "<|im_start|>"), copy-on-write under endsMu; nil while nothing is cached. A lookup searches
 	// the prompt backwards for them instead of testing every byte for an added token's end. manyEnds is
@@ -41,38 +44,27 @@ const (
 	maxEndTokens = 8
 )
 
-type prefixShard struct {
-	mu    sync.Mutex
-	byKey map[uint64][]*prefixEntry
-	order list.List // of *prefixEntry, front = most recently used
-	bytes int
-	limit int
-}
-
+// prefixEntry is one cached prefix: its text (a substring of the prompt it came from) and its IDs, a
+// view of arena, or for a branch (nil arena) the IDs of the prefix it branched from then delta.
 type prefixEntry struct {
-	key   uint64
-	text  string   // the prefix (a substring of the prompt it came from); "" once evicted
-	ids   []uint32 // the prefix's IDs (a view of arena), or for a branch the IDs of the prefix it branched from
-	delta []uint32 // nil, or for a branch the IDs after ids
-	arena *idArena // where ids live and where the conversation's next turn appends; nil for a branch
-	size  int
-	el    *list.Element
+	text  string
+	ids   []uint32
+	delta []uint32
+	arena *idArena
 }
 
-// idArena is the append-only backing array of one conversation's IDs. ids[:len(ids)] are never written
-// again: cached entries and returned slices are views of it (clipped to their length, so an append by a
-// caller reallocates), and a later turn of the conversation appends after len(ids), or to a larger copy
-// when the capacity is used up (older views keep the older array). Only the appending needs mu.
-type idArena struct {
-	mu  sync.Mutex
-	ids []uint32
-}
+// idArena is the append-only backing array of one conversation's IDs (lru.Arena): cached entries and
+// returned slices are views of it.
+type idArena = lru.Arena[uint32]
+
+// arenaSpare is the least spare capacity of an ID arena: about a turn.
+const arenaSpare = 1024
 
 // arenaCap is the capacity of an arena array for n IDs: a quarter more, and at least 1024 more (a turn).
-func arenaCap(n int) int { return n + max(n/4, 1024) }
+func arenaCap(n int) int { return lru.ArenaCap(n, arenaSpare) }
 
 // newArena makes an arena holding ids (whose spare capacity it takes over).
-func newArena(ids []uint32) *idArena { return &idArena{ids: ids} }
+func newArena(ids []uint32) *idArena { return lru.NewArena(ids, arenaSpare) }
 
 // view returns ids[:n] as a read-only view (len == cap).
 func view(ids []uint32, n int) []uint32 { return ids[:n:n] }
@@ -86,48 +78,14 @@ func promote(prefix, delta []uint32) (*idArena, []uint32) {
 	return newArena(buf), view(buf, n)
 }
 
-// extend returns a view of prefix (a view of a's array of length n, ending at a cached boundary) followed
-// by more, appending more to the arena if the IDs after n are still free or already start with more's
-// first IDs (the same conversation's previous turn). ok is false when the IDs after n belong to a
-// different continuation (a branch); the caller then copies prefix to a new arena.
-// capacity is the capacity of the array ids is a view of.
-func (a *idArena) extend(prefix []uint32, more []uint32) (ids []uint32, capacity int, ok bool) {
-	n := len(prefix)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	have := a.ids[n:]
-	k := 0
-	for k < len(have) && k < len(more) && have[k] == more[k] {
-		k++
-	}
-	switch {
-	case k == len(more): // the IDs are already there (the same prompt again)
-		return view(a.ids, n+k), cap(a.ids), true
-	case k < len(have): // the array continues differently: a branch
-		return nil, 0, false
-	}
-	need := len(a.ids) + len(more) - k
-	if need > cap(a.ids) {
-		// Grow by about a quarter, so a growing conversation copies each ID about four times in all (a
-		// few hundred nanoseconds per turn) and the spare capacity stays small. slices.Grow does not
-		// zero the part it copies.
-		a.ids = slices.Grow(a.ids[:len(a.ids):len(a.ids)], arenaCap(need)-len(a.ids))
-	}
-	a.ids = append(a.ids, more[k:]...)
-	return view(a.ids, need), cap(a.ids), true
-}
-
 func newPrefixCache(limitBytes int) *prefixCache {
-	c := &prefixCache{seed: maphash.MakeSeed()}
-	for i := range c.shards {
-		c.shards[i].byKey = map[uint64][]*prefixEntry{}
-		c.shards[i].limit = limitBytes / prefixShards
-	}
-	return c
+	// Keys are hashes already: a key's shard is key % prefixShards.
+	return &prefixCache{seed: maphash.MakeSeed(),
+		c: lru.New[uint64, prefixEntry](limitBytes, prefixShards, func(k uint64) uint64 { return k })}
 }
 
 // enabled reports whether the cache can hold anything.
-func (c *prefixCache) enabled() bool { return c.shards[0].limit > 0 }
+func (c *prefixCache) enabled() bool { return c.c.ShardLimit() > 0 }
 
 // noteEnd records tok, the text of the added token a cached prefix ends with, in c.ends.
 func (c *prefixCache) noteEnd(tok string) {
@@ -196,73 +154,27 @@ func (c *prefixCache) key(prompt string, n int) uint64 {
 // lookup returns the cached prefix prompt[:n]: its IDs in arena, or for a branch (nil arena) its IDs as
 // ids then delta; ok is false when it is not cached.
 func (c *prefixCache) lookup(prompt string, n int) (ids, delta []uint32, arena *idArena, ok bool) {
-	k := c.key(prompt, n)
-	sh := &c.shards[k%prefixShards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	for _, e := range sh.byKey[k] {
-		if sameText(prompt[:n], e.text) {
-			sh.order.MoveToFront(e.el)
-			return e.ids, e.delta, e.arena, true
-		}
-	}
-	return nil, nil, nil, false
+	e, ok := c.c.Get(c.key(prompt, n), func(e *prefixEntry) bool { return sameText(prompt[:n], e.text) })
+	return e.ids, e.delta, e.arena, ok
 }
 
 // put stores prompt[:n], whose IDs are ids (a view of arena), keeping retained bytes alive (the prompt
 // text and the array ids is a view of).
 func (c *prefixCache) put(prompt string, n int, ids []uint32, arena *idArena, retained int) {
-	c.insert(&prefixEntry{text: prompt[:n], ids: ids, arena: arena}, retained)
+	c.insert(prefixEntry{text: prompt[:n], ids: ids, arena: arena}, retained)
 }
 
 // putBranch stores prompt[:n], whose IDs are base (a cached prefix's view, shared) then delta, keeping
 // retained bytes alive.
 func (c *prefixCache) putBranch(prompt string, n int, base, delta []uint32, retained int) {
-	c.insert(&prefixEntry{text: prompt[:n], ids: base, delta: delta}, retained)
+	c.insert(prefixEntry{text: prompt[:n], ids: base, delta: delta}, retained)
 }
 
-func (c *prefixCache) insert(e *prefixEntry, retained int) {
-	k := c.key(e.text, len(e.text))
-	e.key = k
-	// A conversation's entries share one array, but each counts it whole: conservative, and it covers
-	// the older arrays a growth leaves behind for the older entries.
-	e.size = retained + 128
-	sh := &c.shards[k%prefixShards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e.size > sh.limit {
-		return
-	}
-	for _, old := range sh.byKey[k] {
-		if sameText(old.text, e.text) {
-			return // a concurrent request stored it already
-		}
-	}
-	sh.byKey[k] = append(sh.byKey[k], e)
-	e.el = sh.order.PushFront(e)
-	sh.bytes += e.size
-	for sh.bytes > sh.limit {
-		sh.remove(sh.order.Back().Value.(*prefixEntry))
-	}
-}
-
-// remove drops e, which is cached.
-func (sh *prefixShard) remove(e *prefixEntry) {
-	list := sh.byKey[e.key]
-	for i, x := range list {
-		if x == e {
-			list = append(list[:i:i], list[i+1:]...)
-			if len(list) == 0 {
-				delete(sh.byKey, e.key)
-			} else {
-				sh.byKey[e.key] = list
-			}
-			break
-		}
-	}
-	sh.order.Remove(e.el)
-	sh.bytes -= e.size
-	e.text, e.ids, e.delta, e.arena = "", nil, nil, nil // entries are only read under the lock; lookups returned copies
+// insert stores e unless a concurrent request stored its text already. A conversation's entries share one
+// array, but each counts it whole (retained, plus 128 bytes): conservative, and it covers the older arrays
+// a growth leaves behind for the older entries.
+func (c *prefixCache) insert(e prefixEntry, retained int) {
+	c.c.Add(c.key(e.text, len(e.text)), e, retained+128, func(old *prefixEntry) bool { return sameText(old.text, e.text) })
 }
 
 // sameText is a == b comparing the last 256 bytes first: prefixes of one conversation's branches share all
@@ -273,4 +185,37 @@ func sameText(a, b string) bool {
 	}
 	k := len(a) - min(len(a), 256)
 	return a[k:] == b[k:] && a[:k] == b[:k]
+}
+
+// cachedPrefix is the longest cached prefix of a prompt that longest found: prompt[:base], whose IDs are
+// ids, a view of arena (a branch entry is promoted to an arena of its own). base is 0 when none was found.
+type cachedPrefix struct {
+	base  int
+	ids   []uint32
+	arena *idArena
+}
+
+// longest looks up prompt[:p] for each p that ends yields (the places a cached prefix may end, longest
+// first: text cuts for completions, added-token ends for chat prompts) and returns the first hit, with
+// prompt's text after the hit repaired to valid UTF-8 (a cached prefix is valid UTF-8 and ends after a
+// token, so only the rest needs repairing). ends may be nil: no lookup.
+func (c *prefixCache) longest(prompt string, ends iter.Seq[int]) (string, cachedPrefix) {
+	var hit cachedPrefix
+	if ends != nil {
+		for p := range ends {
+			ids, delta, arena, ok := c.lookup(prompt, p)
+			if !ok {
+				continue
+			}
+			hit = cachedPrefix{base: p, ids: ids, arena: arena}
+			if arena == nil {
+				hit.arena, hit.ids = promote(ids, delta)
+			}
+			break
+		}
+	}
+	if !utf8.ValidString(prompt[hit.base:]) {
+		prompt = prompt[:hit.base] + strings.ToValidUTF8(prompt[hit.base:], "\uFFFD")
+	}
+	return prompt, hit
 }

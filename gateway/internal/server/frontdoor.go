@@ -293,13 +293,6 @@ func (b *retryBudget) withdraw() bool {
 	return true
 }
 
-// setWriteDeadline bounds the next write to the client by client_write_timeout (0: none).
-func setWriteDeadline(c *fasthttp.RequestCtx, d time.Duration) {
-	if d > 0 {
-		c.Conn().SetWriteDeadline(time.Now().Add(d))
-	}
-}
-
 // upstreamTimeout is 504: the engine did not answer (or finish) within an upstream timeout.
 func upstreamTimeout(model string) *openai.Error {
 	return openai.Errorf(fiber.StatusGatewayTimeout, "server_error", "", "upstream_timeout",

@@ -37,8 +37,12 @@ func byteLevelDecode(tok string) string {
 	return string(buf)
 }
 
-// appendByteLevelDecodeBytes is appendByteLevelDecode for a byte slice.
-func appendByteLevelDecodeBytes(buf []byte, tok []byte) ([]byte, bool) {
+// appendByteLevelDecode appends the raw bytes of a byte-level token (a string, or a []byte such as a
+// vocabulary key read from tokenizer.json) to buf; ok is false when tok holds a character outside the
+// alphabet. It reads tok in place (no conversion, so neither form is copied): the alphabet's characters
+// are below U+0144, one byte or two in UTF-8, so the two-byte sequences are decoded here and anything
+// else (a longer sequence, or invalid UTF-8, which utf8.DecodeRune would read as U+FFFD) is outside it.
+func appendByteLevelDecode[S string | []byte](buf []byte, tok S) ([]byte, bool) {
 	for i := 0; i < len(tok); {
 		c := tok[i]
 		if c < utf8.RuneSelf {
@@ -49,35 +53,16 @@ func appendByteLevelDecodeBytes(buf []byte, tok []byte) ([]byte, bool) {
 			i++
 			continue
 		}
-		r, w := utf8.DecodeRune(tok[i:])
+		// A two-byte sequence: lead 0xC2..0xDF (0xC0 and 0xC1 would be overlong), then a continuation byte.
+		if c < 0xC2 || c > 0xDF || i+1 == len(tok) || tok[i+1]&0xC0 != 0x80 {
+			return buf, false
+		}
+		r := rune(c&0x1F)<<6 | rune(tok[i+1]&0x3F)
 		if int(r) >= len(runeToByte) || runeToByte[r] < 0 {
 			return buf, false
 		}
 		buf = append(buf, byte(runeToByte[r]))
-		i += w
-	}
-	return buf, true
-}
-
-// appendByteLevelDecode appends the raw bytes of a byte-level token to buf; ok is false when tok holds a
-// character outside the alphabet.
-func appendByteLevelDecode(buf []byte, tok string) ([]byte, bool) {
-	for i := 0; i < len(tok); {
-		c := tok[i]
-		if c < utf8.RuneSelf {
-			if runeToByte[c] < 0 {
-				return buf, false
-			}
-			buf = append(buf, c)
-			i++
-			continue
-		}
-		r, w := utf8.DecodeRuneInString(tok[i:])
-		if int(r) >= len(runeToByte) || runeToByte[r] < 0 {
-			return buf, false
-		}
-		buf = append(buf, byte(runeToByte[r]))
-		i += w
+		i += 2
 	}
 	return buf, true
 }

@@ -221,7 +221,7 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 	err := parseVocab(m.Vocab, func(raw []byte, id uint32) {
 		if byteLevel {
 			var ok bool
-			if kb, ok = appendByteLevelDecodeBytes(kb[:0], raw); ok {
+			if kb, ok = appendByteLevelDecode(kb[:0], raw); ok {
 				raw = kb
 			}
 		}
@@ -270,9 +270,9 @@ func (t *Tokenizer) buildModel(m *modelJSON) error {
 		nx := len(x)
 		if byteLevel {
 			var okx, oky bool
-			buf, okx = appendByteLevelDecodeBytes(buf, x)
+			buf, okx = appendByteLevelDecode(buf, x)
 			nx = len(buf)
-			buf, oky = appendByteLevelDecodeBytes(buf, y)
+			buf, oky = appendByteLevelDecode(buf, y)
 			if !okx || !oky {
 				return fmt.Errorf("tokenizer: merge %q %q is not in the byte-level alphabet", x, y)
 			}
