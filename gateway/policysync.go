@@ -267,6 +267,9 @@ func (p *policySync) Fleet(ctx context.Context) (map[string]admin.FleetModel, er
 			byGW[gw] = r
 		}
 	}
+	// This gateway's own entry is what it serves now, not its last report: a report written by a
+	// reconcile pass that ran before an activation or rollback answered here may still be the stored one.
+	byGW[p.id] = servingReport{Gateway: p.id, Models: p.serving()}
 	gws := make([]string, 0, len(byGW))
 	for gw := range byGW {
 		gws = append(gws, gw)
