@@ -161,13 +161,19 @@ func TestQueueTimeoutAndQueueing(t *testing.T) {
 		st, _, b := post(t, base+"/v1/completions", `{"model":"qwen3","prompt":"hi","max_tokens":1}`)
 		rc <- res{st, b}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// Free the slot once the second request is queued (refused, waiting), not after a guessed sleep.
+	if !waitFor(3*time.Second, func() bool { return metricValue(g.Metrics().Queued.WithLabelValues("qwen3")) == 1 }) {
+		t.Fatal("the second request never queued")
+	}
 	cancel()
 	if r := <-rc; r.st != 200 {
 		t.Fatalf("queued request: %d %s", r.st, r.b)
 	}
 	if n := metricValue(g.Metrics().QueueTimeouts.WithLabelValues("qwen3")); n != 1 {
 		t.Fatalf("queue timeouts %v", n)
+	}
+	if n := metricValue(g.Metrics().Queued.WithLabelValues("qwen3")); n != 0 {
+		t.Fatalf("%v requests still counted as queued after both ended", n)
 	}
 }
 

@@ -42,6 +42,8 @@ type Metrics struct {
 	ReservationRefusals *prometheus.CounterVec
 	// QueueTimeouts counts requests answered 429 after their queue wait.
 	QueueTimeouts *prometheus.CounterVec
+	// Queued is this gateway's requests waiting for capacity (refused at least once, within queue_timeout).
+	Queued *prometheus.GaugeVec
 	// UpstreamRetries counts retries on the next ranked endpoint after a failure before the first byte.
 	UpstreamRetries *prometheus.CounterVec
 	// ClientDisconnects counts requests whose client went away before the response ended.
@@ -85,6 +87,8 @@ func New() *Metrics {
 			Help: "Reservations refused because every candidate was at capacity."}, []string{"model"}),
 		QueueTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_queue_timeouts_total",
 			Help: "Requests answered 429 after waiting queue_timeout for capacity."}, []string{"model"}),
+		Queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvgate_requests_queued",
+			Help: "This gateway's requests waiting for capacity (every candidate was full at least once)."}, []string{"model"}),
 		UpstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_upstream_retries_total",
 			Help: "Requests retried on the next ranked endpoint after a failure before the first byte."}, []string{"endpoint"}),
 		ClientDisconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_client_disconnects_total",
@@ -107,7 +111,7 @@ func New() *Metrics {
 			Help: "Requests routed on load alone because the store was unreachable."}, []string{"model"}),
 	}
 	r.MustRegister(m.Requests, m.Stage, m.PromptTokens, m.MatchedTokens, m.PolicyFallbacks, m.ReservationRefusals,
-		m.QueueTimeouts, m.UpstreamRetries, m.ClientDisconnects, m.InFlight, m.EndpointWaiting, m.EndpointRunning,
+		m.QueueTimeouts, m.Queued, m.UpstreamRetries, m.ClientDisconnects, m.InFlight, m.EndpointWaiting, m.EndpointRunning,
 		m.EndpointKVCacheUsage, m.EndpointHealthy, m.StoreDown, m.StoreErrors, m.LoadOnlyRoutes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Front = newFrontDoor(r)
@@ -124,6 +128,7 @@ func (m *Metrics) InitModel(model string, endpoints, reasons []string) {
 	m.MatchedTokens.WithLabelValues(model, "CPU")
 	m.ReservationRefusals.WithLabelValues(model)
 	m.QueueTimeouts.WithLabelValues(model)
+	m.Queued.WithLabelValues(model)
 	m.LoadOnlyRoutes.WithLabelValues(model)
 	m.ClientDisconnects.WithLabelValues(model, "true")
 	m.ClientDisconnects.WithLabelValues(model, "false")

@@ -614,6 +614,12 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	}
 	deadline := start.Add(p.Model.QueueTimeout)
 	wait := 5 * time.Millisecond
+	queued := false
+	defer func() {
+		if queued {
+			r.o.Metrics.Queued.WithLabelValues(p.Model.Name).Dec()
+		}
+	}()
 	for {
 		l, err := r.o.Reservations.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
 		if err == nil {
@@ -638,6 +644,10 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		if !now.Before(deadline) {
 			r.o.Metrics.QueueTimeouts.WithLabelValues(p.Model.Name).Inc()
 			return nil, fmt.Errorf("route: model %s: %w", p.Model.Name, ErrQueueTimeout)
+		}
+		if !queued {
+			queued = true
+			r.o.Metrics.Queued.WithLabelValues(p.Model.Name).Inc()
 		}
 		sl := min(wait, deadline.Sub(now))
 		select {
