@@ -230,6 +230,9 @@ type GuardStatus struct {
 	// LocalInFlight counts those of them with no lease on the current store (taken while it was down, or not
 	// yet re-registered after it came back).
 	LocalInFlight int `json:"local_inflight"`
+	// PictureAt is when this gateway last read the store's shared in-flight counters with the store up and
+	// no recovery grace running: the fleet's picture its store-down caps start from (zero before the first).
+	PictureAt time.Time `json:"picture_at,omitzero"`
 }
 
 // Status reports the store's state.
@@ -242,6 +245,7 @@ func (g *Guarded) Status() GuardStatus {
 	g.downMu.Unlock()
 	s.Recovering = !s.Down && g.inGrace()
 	s.OwnInFlight, s.LocalInFlight = g.led.counts(g.currentEpoch())
+	s.PictureAt = g.led.pictureAt()
 	return s
 }
 

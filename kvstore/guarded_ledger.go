@@ -33,7 +33,9 @@ type ledger struct {
 	// noticed (by then a gateway's requests may have finished while new ones wait on the failing store, and
 	// a base of own≈0 against the others' earlier counts would leave no capacity at all).
 	seen map[EndpointID]downBase
-	base map[EndpointID]downBase // nil while the store is up
+	// seenAt is when seen was last updated (Guarded's clock; zero before the first read).
+	seenAt time.Time
+	base   map[EndpointID]downBase // nil while the store is up
 
 	// Onset hold (issue #11 item 5; 0 = off): the shared counters this gateway last read may be stale when
 	// the store fails — another gateway may since have filled the capacity they showed free — so for up to
@@ -261,6 +263,14 @@ func (l *ledger) observe(eps []EndpointID, fleet map[EndpointID]Cost) {
 		o := subCost(fleet[e], own)
 		l.seen[e] = downBase{own: own, others: Cost{Requests: max(o.Requests, 0), Tokens: max(o.Tokens, 0)}}
 	}
+	l.seenAt = l.now()
+}
+
+// pictureAt returns when the shared counters were last observed.
+func (l *ledger) pictureAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seenAt
 }
 
 // freeze records the store-down base of every endpoint known. With keep, an existing base is kept instead (a

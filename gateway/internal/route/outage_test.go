@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/kvstore"
 	"github.com/kvgate/kvgate/kvstore/redistest"
+	"github.com/kvgate/kvgate/kvstore/testenv"
 )
 
 // fleet is several routers sharing one redis-server, each on its own client, serving one endpoint, and the
@@ -51,6 +52,18 @@ func newFleet(t *testing.T, addr string, n int, limit int64) *fleet {
 		f.routers, f.guards, f.stores, f.model = append(f.routers, r), append(f.guards, g), append(f.stores, st), m
 	}
 	return f
+}
+
+// pictured waits until every gateway has read the shared in-flight counters after the call (its routers
+// read them every 20 ms): the picture its store-down caps will start from includes everything before.
+func (f *fleet) pictured() {
+	f.t.Helper()
+	mark := time.Now()
+	for i, g := range f.guards {
+		if !testenv.WaitFor(5*time.Second, func() bool { return g.Status().PictureAt.After(mark) }) {
+			f.t.Fatalf("g%d never read the shared counters again (last %v)", i, g.Status().PictureAt)
+		}
+	}
 }
 
 var outageBody = []byte(`{"model":"qwen3","max_tokens":4,"messages":[{"role":"user","content":"hello there"}]}`)
@@ -186,7 +199,7 @@ func TestRedisRestartKeepsInFlightLimit(t *testing.T) {
 		t.Fatal("g2 admitted over the limit with the store up")
 	}
 	f.check("store up")
-	time.Sleep(150 * time.Millisecond) // every router reads the shared counters (every 20 ms)
+	f.pictured() // every router has read the shared counters since
 
 	// Outage: every gateway notices, then asks for more. Before the fix, each admitted 2 more (its local
 	// share), ignoring the requests it already ran on store leases: 12 at once.
