@@ -610,12 +610,21 @@ func (b *bench) multiTurn(ctx context.Context, plan overheadPlan, model string, 
 			done = done || prompt/int64(len(convs)) >= int64(plan.TurnsTo)
 			prompt = 0
 		}
+		// Idle CPU is subtracted over the requests' own window, and from what the gateway spent after them
+		// (ingesting the turns' events) only down to zero: the trailing wait for quiet may last far longer
+		// than the requests, and an idle rate measured a little high would otherwise turn a cheap group's
+		// cost negative.
+		c1, t1 := c0, time.Now()
+		if c, err := g.CPUTime(); err == nil {
+			c1 = c
+		}
 		if _, err := waitQuiet(g, idleRate); err != nil {
 			return nil, err
 		}
 		c2, _ := g.CPUTime()
 		reqs := len(lats)
-		net := c2 - c0 - time.Duration(idleRate*float64(time.Since(t0)))
+		idle := func(d time.Duration) time.Duration { return time.Duration(idleRate * float64(d)) }
+		net := c1 - c0 - idle(t1.Sub(t0)) + max(c2-c1-idle(time.Since(t1)), 0)
 		per := net / time.Duration(reqs)
 		r := turnRow{Turns: fmt.Sprintf("%d-%d", first, turn), PromptTokens: lastPromptMean(lastPrompt), NewTokens: newTok / int64(reqs),
 			CPU: usf(per), P50: usf(quantile(lats, .5))}
