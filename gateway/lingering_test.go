@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,29 +53,6 @@ func (b *slowBody) Read(p []byte) (int, error) {
 }
 
 func (b *slowBody) size() int64 { return int64(len(b.prefix) + b.n + len(b.suffix)) }
-
-// adminScrape is scrape with the admin token (client keys are on), -1 when the sample is missing.
-func adminScrape(t *testing.T, g *Gateway, sample string) float64 {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+g.Addr()+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer admintok")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			return f
-		}
-	}
-	return -1
-}
 
 // errorShape decodes an OpenAI error body and returns its code, or the body when it is not one.
 func errorShape(body []byte) string {
@@ -156,10 +132,10 @@ func TestAnswerBeforeBodyReachesWritingClient(t *testing.T) {
 		}
 	}
 	// Nothing lingers on once the clients are gone.
-	if !waitFor(5*time.Second, func() bool { return adminScrape(t, g, "kvgate_connections_lingering") == 0 }) {
-		t.Fatalf("kvgate_connections_lingering = %v after the clients closed", adminScrape(t, g, "kvgate_connections_lingering"))
+	if !waitFor(5*time.Second, func() bool { return scrape(t, g, "kvgate_connections_lingering") == 0 }) {
+		t.Fatalf("kvgate_connections_lingering = %v after the clients closed", scrape(t, g, "kvgate_connections_lingering"))
 	}
-	if v := adminScrape(t, g, `kvgate_lingering_closes_total{result="eof"}`); v < 1 {
+	if v := scrape(t, g, `kvgate_lingering_closes_total{result="eof"}`); v < 1 {
 		t.Errorf("lingering closes ended by the client's close: %v, want at least 1", v)
 	}
 }
@@ -183,7 +159,7 @@ func TestLingeringIsBounded(t *testing.T) {
 			t.Fatalf("silent client: closed=%v %q", closed, r)
 		}
 	}
-	if v := adminScrape(t, g, "kvgate_connections_lingering"); v != 2 {
+	if v := scrape(t, g, "kvgate_connections_lingering"); v != 2 {
 		t.Fatalf("lingering connections: %v, want 2", v)
 	}
 	// A third is over max_lingering_connections: closed at once.
@@ -192,14 +168,14 @@ func TestLingeringIsBounded(t *testing.T) {
 	if r, closed := closedWithin(c3, 5*time.Second); !strings.HasPrefix(r, "HTTP/1.1 401") || !closed {
 		t.Fatalf("third client: closed=%v %q", closed, r)
 	}
-	if v := adminScrape(t, g, `kvgate_lingering_closes_total{result="skipped"}`); v != 1 {
+	if v := scrape(t, g, `kvgate_lingering_closes_total{result="skipped"}`); v != 1 {
 		t.Fatalf("skipped lingering closes: %v, want 1", v)
 	}
 	// The silent ones are closed after client_lingering_time.
-	if !waitFor(5*time.Second, func() bool { return adminScrape(t, g, "kvgate_connections_lingering") == 0 }) {
-		t.Fatalf("silent clients still lingering: %v", adminScrape(t, g, "kvgate_connections_lingering"))
+	if !waitFor(5*time.Second, func() bool { return scrape(t, g, "kvgate_connections_lingering") == 0 }) {
+		t.Fatalf("silent clients still lingering: %v", scrape(t, g, "kvgate_connections_lingering"))
 	}
-	if v := adminScrape(t, g, `kvgate_lingering_closes_total{result="time"}`); v != 2 {
+	if v := scrape(t, g, `kvgate_lingering_closes_total{result="time"}`); v != 2 {
 		t.Fatalf("lingering closes ended by client_lingering_time: %v, want 2", v)
 	}
 	// A client that keeps sending is closed after client_lingering_bytes: its writes fail long before the
@@ -226,11 +202,11 @@ func TestLingeringIsBounded(t *testing.T) {
 	if total := <-sent; total >= 64000000 {
 		t.Fatalf("the client sent all %d bytes: the lingering read was not bounded", total)
 	}
-	if !waitFor(5*time.Second, func() bool { return adminScrape(t, g, `kvgate_lingering_closes_total{result="bytes"}`) == 1 }) {
-		t.Fatalf("lingering closes ended by client_lingering_bytes: %v, want 1", adminScrape(t, g, `kvgate_lingering_closes_total{result="bytes"}`))
+	if !waitFor(5*time.Second, func() bool { return scrape(t, g, `kvgate_lingering_closes_total{result="bytes"}`) == 1 }) {
+		t.Fatalf("lingering closes ended by client_lingering_bytes: %v, want 1", scrape(t, g, `kvgate_lingering_closes_total{result="bytes"}`))
 	}
-	if !waitFor(5*time.Second, func() bool { return adminScrape(t, g, "kvgate_connections_open") == 1 }) { // the scrape's own
-		t.Fatalf("open connections: %v, want 1 (the scrape)", adminScrape(t, g, "kvgate_connections_open"))
+	if !waitFor(5*time.Second, func() bool { return scrape(t, g, "kvgate_connections_open") == 1 }) { // the scrape's own
+		t.Fatalf("open connections: %v, want 1 (the scrape)", scrape(t, g, "kvgate_connections_open"))
 	}
 }
 
@@ -244,7 +220,7 @@ func TestCloseEndsLingering(t *testing.T) {
 	if r, closed := closedWithin(c, 5*time.Second); !strings.HasPrefix(r, "HTTP/1.1 401") || !closed {
 		t.Fatalf("closed=%v %q", closed, r)
 	}
-	if v := adminScrape(t, g, "kvgate_connections_lingering"); v != 1 {
+	if v := scrape(t, g, "kvgate_connections_lingering"); v != 1 {
 		t.Fatalf("lingering connections: %v, want 1", v)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

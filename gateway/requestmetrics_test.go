@@ -17,16 +17,25 @@ import (
 
 // The request metrics' labels, read from /metrics.
 
-// scrape returns the value of one sample of the gateway's /metrics (name and labels as exposed), or -1.
-func scrape(t *testing.T, g *Gateway, sample string) float64 {
+// metricsText returns the gateway's /metrics page, asked with the admin token (which /metrics takes when
+// client keys are on, and ignores otherwise).
+func metricsText(t *testing.T, g *Gateway) string {
 	t.Helper()
-	resp, err := http.Get("http://" + g.Addr() + "/metrics")
+	req, _ := http.NewRequest(http.MethodGet, "http://"+g.Addr()+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer admintok")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	for line := range strings.SplitSeq(string(b), "\n") {
+	return string(b)
+}
+
+// scrape returns the value of one sample of the gateway's /metrics (name and labels as exposed), or -1.
+func scrape(t *testing.T, g *Gateway, sample string) float64 {
+	t.Helper()
+	for line := range strings.SplitSeq(metricsText(t, g), "\n") {
 		if v, ok := strings.CutPrefix(line, sample+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {

@@ -67,13 +67,7 @@ func storeErrors(t *testing.T, gws ...*Gateway) float64 {
 	t.Helper()
 	var n float64
 	for _, g := range gws {
-		resp, err := http.Get("http://" + g.Addr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for line := range strings.SplitSeq(string(b), "\n") {
+		for line := range strings.SplitSeq(metricsText(t, g), "\n") {
 			if rest, ok := strings.CutPrefix(line, "kvgate_store_errors_total{"); ok {
 				if i := strings.LastIndexByte(rest, ' '); i >= 0 {
 					f, _ := strconv.ParseFloat(rest[i+1:], 64)
