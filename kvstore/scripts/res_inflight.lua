@@ -1,5 +1,6 @@
 -- InFlight. ARGV: endpoints. Returns requests, tokens per endpoint, in ARGV order (HMGETs of up to 1,024
--- fields each rather than two HGETs per endpoint).
+-- fields each rather than two HGETs per endpoint), after reaping expired leases.
+reap(clock())
 local out = {}
 local f = {}
 local function flush()
