@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The reservation scripts: the reap prologue (scripts/res_reap.lua) and the call's own file.
+// The reservation scripts: the shared library (scripts/res_reap.lua: clock, drop, reap) and the call's own file.
 var (
 	scriptResReserve  = script("res_reap", "res_reserve")
 	scriptResRenew    = script("res_reap", "res_renew")
@@ -48,9 +48,12 @@ func reserveReply(res []any) (id string, exp, cand int64, ok bool, err error) {
 	return "", 0, 0, false, fmt.Errorf("kvstore: redis reserve: unexpected reply %v", res)
 }
 
-// RedisReservations is the Redis Reservations: every call is one Lua script that first reads the server
-// clock (TIME) and drops expired leases, so leases expire on Redis's clock whatever the gateways' clocks
-// say. All its keys share the hash tag {res} (one slot, one Redis Cluster master):
+// RedisReservations is the Redis Reservations: every call is one Lua script (InFlight a plain pipeline
+// when it can), and leases expire on Redis's clock (TIME) whatever the gateways' clocks say. Expired leases
+// are dropped where they would count: by a Reserve whose limit check fails (then the candidate is checked
+// again), by Renew and by the in-flight script; a Release drops only its own lease (kvstore/RATIONALE.md,
+// "What a reservation costs Redis"). All its keys share the hash tag {res} (one slot, one Redis Cluster
+// master):
 //
 //	<base>{res}:inflight  HASH  r:<endpoint> -> requests, t:<endpoint> -> tokens in flight
 //	<base>{res}:leases    ZSET  lease ID scored by expiry ms
