@@ -194,3 +194,89 @@ func BenchmarkRedisScriptCost(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRedisReleasePiggyback measures what carrying a Release in the next call's pipeline would save
+// Redis (issue 14 item 2; not built): a request's reservation calls on the single-tag layout beside 16 live
+// leases, "separate" as today (InFlight's pipeline, Reserve, Release: three round trips) and "piggyback"
+// with the previous request's release script sent in the same pipeline as the in-flight read (two round
+// trips). The pipeline is built here from the scripts' sources and the layout's key names, as
+// RedisReservations would build it. It reports Redis CPU per request (INFO cpu).
+func BenchmarkRedisReleasePiggyback(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client(b)
+	ctx := context.Background()
+	prefix := freshPrefix()
+	r, err := kvstore.NewRedisReservations(c, kvstore.RedisConfig{Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := prefix + ":" + kvstore.LayoutVersion + ":{res}:"
+	keys := []string{base + "inflight", base + "leases", base + "ld", base + "seq"}
+	var src []byte
+	for _, f := range []string{"scripts/res_reap.lua", "scripts/res_release.lua"} {
+		s, err := os.ReadFile(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src = append(src, s...)
+	}
+	release := redis.NewScript(string(src))
+	if err := release.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	var cands []kvstore.Candidate
+	var eps []kvstore.EndpointID
+	var fields []string
+	for i := range 4 {
+		ep := kvstore.EndpointID(fmt.Sprintf("endpoint-%d", i))
+		cands = append(cands, kvstore.Candidate{Endpoint: ep, Limits: kvstore.Limits{MaxRequests: 64, MaxTokens: 1 << 20}})
+		eps = append(eps, ep)
+		fields = append(fields, "r:"+string(ep), "t:"+string(ep))
+	}
+	cost := kvstore.Cost{Requests: 1, Tokens: 2300}
+	for range 16 {
+		if _, err := r.Reserve(ctx, cands, cost, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, mode := range []string{"separate", "piggyback"} {
+		b.Run(mode, func(b *testing.B) {
+			var prev kvstore.Lease
+			cpu0 := redisCPU(b, c)
+			for b.Loop() {
+				if mode == "separate" {
+					if _, err := r.InFlight(ctx, eps); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					p := c.Pipeline()
+					if prev.ID != "" {
+						release.EvalSha(ctx, p, keys, prev.ID)
+					}
+					p.ZRangeWithScores(ctx, keys[1], 0, 0)
+					p.Time(ctx)
+					p.HMGet(ctx, keys[0], fields...)
+					if _, err := p.Exec(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				l, err := r.Reserve(ctx, cands, cost, 30*time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if mode == "separate" {
+					if err := r.Release(ctx, l); err != nil {
+						b.Fatal(err)
+					}
+				}
+				prev = l
+			}
+			b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N), "redis-cpu-µs/request")
+			if mode == "piggyback" {
+				if err := r.Release(ctx, prev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
