@@ -74,7 +74,7 @@ func (t *tokenIDs) start(ctx, run context.Context, g *Gateway) {
 // counted by reason in kvgate_token_ids_skipped_total.
 func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candidate, body []byte) ([]byte, error) {
 	if req.API != openai.Chat {
-		return upstream.Body(c.Engine, req, body, p.IDs)
+		return t.completionBody(req, p, c, body)
 	}
 	t.mu.RLock()
 	mode := t.modes[c.ID]
@@ -97,17 +97,14 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 		return body, nil
 	}
 	buf := idsJSONPool.Get().(*[]byte)
-	var f idsJSONAppender
-	if p.Model != nil {
-		f, _ = p.Model.Encoder.(idsJSONAppender)
-	}
+	f := appenderOf(p)
 	var idsJSON []byte
 	if f != nil {
 		idsJSON = f.AppendIDsJSON((*buf)[:0], p.IDs, openai.AppendIDs)
 	} else {
 		idsJSON = openai.AppendIDs((*buf)[:0], p.IDs)
 	}
-	out, skip := upstream.ChatBodyJSON(mode, body, idsJSON)
+	out, skip := upstream.ChatBodyJSONFor(req, mode, body, idsJSON)
 	if cap(idsJSON) <= maxPooledIDsJSON {
 		*buf = idsJSON[:0]
 		idsJSONPool.Put(buf)
@@ -118,6 +115,35 @@ func (t *tokenIDs) engineBody(req *openai.Request, p *route.Plan, c route.Candid
 	}
 	t.guard.Sent(c.ID, body, p.IDs)
 	return out, nil
+}
+
+// completionBody is engineBody for completions: upstream.Body's, with the prompt's IDs formatted through the
+// model's ID-text cache where the encoder has one (a completion extending a cached prompt formats only its
+// new IDs).
+func (t *tokenIDs) completionBody(req *openai.Request, p *route.Plan, c route.Candidate, body []byte) ([]byte, error) {
+	f := appenderOf(p)
+	if f == nil || p.IDs == nil {
+		return upstream.Body(c.Engine, req, body, p.IDs)
+	}
+	buf := idsJSONPool.Get().(*[]byte)
+	out, err := upstream.BodyJSON(c.Engine, req, body, p.IDs, func(_ []byte, ids []uint32) []byte {
+		*buf = f.AppendIDsJSON((*buf)[:0], ids, openai.AppendIDs)
+		return *buf
+	})
+	if cap(*buf) <= maxPooledIDsJSON {
+		*buf = (*buf)[:0]
+		idsJSONPool.Put(buf)
+	}
+	return out, err
+}
+
+// appenderOf returns the plan's encoder as an idsJSONAppender, or nil.
+func appenderOf(p *route.Plan) idsJSONAppender {
+	if p.Model == nil {
+		return nil
+	}
+	f, _ := p.Model.Encoder.(idsJSONAppender)
+	return f
 }
 
 // idsJSONAppender is an encoder that formats the token IDs it returned as JSON faster than

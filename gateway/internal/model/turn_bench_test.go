@@ -37,9 +37,10 @@ type chatMsg struct {
 // (untimed, followed by a runtime.GC so the setup's garbage does not land on the timed stages), then times the new request's stages one after the other:
 //   - chat: body-µs (openai.ParseRequest: the body decoded, the chat request included), render-µs
 //     (the Model's render: RenderRequestCached through its rendered-prompt cache), tokenize-µs (EncodePrompt), hash-µs (block keys, 16 tokens a block), splice-µs
-//     (Model.AppendIDsJSON then upstream.ChatBodyJSON, prompt_token_ids, as the gateway's engineBody);
-//   - completion: body-µs, tokenize-µs (EncodeCompletion), hash-µs (a completions body gets its IDs
-//     from upstream.Body, not timed here);
+//     (Model.AppendIDsJSON then upstream.ChatBodyJSONFor, prompt_token_ids, as the gateway's engineBody);
+//   - completion: body-µs, tokenize-µs (EncodeCompletion), hash-µs, splice-µs (Model.AppendIDsJSON then
+//     Request.SplicePromptJSON at the parsed prompt's span, as the gateway's engineBody) and
+//     splice-uncached-µs (untimed: openai.SpliceCompletionPrompt, every ID formatted and the body scanned);
 //   - new-µs: Encode of the turn's new text alone (the rendered prompt's bytes after the previous
 //     request's prompt) by a second instance of the tokenizer that saw the same history, so that in both
 //     the new text's words are seen for the first time; the target's denominator.
@@ -77,7 +78,7 @@ func BenchmarkNewTurn(b *testing.B) {
 					msgs = append(msgs, chatMsg{"assistant", turnText(bench, off, half)})
 					off += half
 				}
-				var body, render, tokenize, hash, splice, newAlone, total []time.Duration
+				var body, render, tokenize, hash, splice, spliceAll, newAlone, total []time.Duration
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
 					next := append(slices.Clip(msgs), chatMsg{"assistant", turnText(bench, off+2*i*half, half)},
@@ -97,7 +98,8 @@ func BenchmarkNewTurn(b *testing.B) {
 					} else {
 						prevPrompt, newPrompt = completionPrompt(msgs), completionPrompt(next)
 						prevBody, newBody = completionBody(b, prevPrompt), completionBody(b, newPrompt)
-						md.EncodeCompletion(prevPrompt)
+						// The previous request went to the engine with its IDs, as the gateway sends it.
+						openai.SpliceCompletionPromptJSON(prevBody, md.AppendIDsJSON(nil, md.EncodeCompletion(prevPrompt), openai.AppendIDs))
 					}
 					alone.Encode(prevPrompt, false)
 					// The setup's garbage (a fresh Model, the previous request's encode) is collected
@@ -106,11 +108,13 @@ func BenchmarkNewTurn(b *testing.B) {
 					b.StartTimer()
 					t0 := time.Now()
 					var ids []uint32
+					var creq *openai.Request
 					if api == "chat" {
 						req, err := openai.ParseRequest(openai.Chat, newBody)
 						if err != nil {
 							b.Fatal(err)
 						}
+						creq = req
 						t1 := time.Now()
 						prompt, err := md.render(req.Chat)
 						if err != nil {
@@ -126,6 +130,7 @@ func BenchmarkNewTurn(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
+						creq = req
 						t1 := time.Now()
 						ids = md.EncodeCompletion(req.PromptText)
 						t2 := time.Now()
@@ -137,9 +142,23 @@ func BenchmarkNewTurn(b *testing.B) {
 					hash = append(hash, t5.Sub(t4))
 					if api == "chat" {
 						// As the gateway's engineBody: the IDs' text through the Model's cache, then spliced.
-						out, _ := upstream.ChatBodyJSON(config.ChatTokenIDsPromptTokenIDs, newBody, md.AppendIDsJSON(nil, ids, openai.AppendIDs))
+						out, _ := upstream.ChatBodyJSONFor(creq, config.ChatTokenIDsPromptTokenIDs, newBody, md.AppendIDsJSON(nil, ids, openai.AppendIDs))
 						splice = append(splice, time.Since(t5))
 						_ = out
+					} else {
+						// As engineBody for completions: the prompt's IDs through the Model's cache, spliced in
+						// place of "prompt"; and, untimed, the splice formatting every ID, for the ratio.
+						if _, err := creq.SplicePromptJSON(newBody, md.AppendIDsJSON(nil, ids, openai.AppendIDs)); err != nil {
+							b.Fatal(err)
+						}
+						splice = append(splice, time.Since(t5))
+						b.StopTimer()
+						u0 := time.Now()
+						if _, err := openai.SpliceCompletionPrompt(newBody, ids); err != nil {
+							b.Fatal(err)
+						}
+						spliceAll = append(spliceAll, time.Since(u0))
+						b.StartTimer()
 					}
 					_ = keys
 					b.StopTimer()
@@ -164,8 +183,10 @@ func BenchmarkNewTurn(b *testing.B) {
 						work[i] = render[i] + tokenize[i]
 					}
 					b.ReportMetric(median(render), "render-µs")
-					b.ReportMetric(median(splice), "splice-µs")
+				} else {
+					b.ReportMetric(median(spliceAll), "splice-uncached-µs")
 				}
+				b.ReportMetric(median(splice), "splice-µs")
 				for i := range work {
 					total = append(total, work[i])
 				}

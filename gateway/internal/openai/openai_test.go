@@ -88,6 +88,22 @@ func TestSplice(t *testing.T) {
 	if err != nil || string(out) != `{"prompt": [9,8],  "keep":  {"a": "b"}}` {
 		t.Fatalf("%s %v", out, err)
 	}
+	// A repeated key: the last "prompt" is the one ParseRequest tokenized and the engine reads.
+	out, err = SpliceCompletionPrompt([]byte(`{"prompt":"a","x":{"prompt":"in"},"prompt" : "b\"}"}`), []uint32{7})
+	if err != nil || string(out) != `{"prompt":"a","x":{"prompt":"in"},"prompt" : [7]}` {
+		t.Fatalf("repeated prompt: %s %v", out, err)
+	}
+	body := []byte(`{"model":"m", "prompt": "hi \"there\"" ,"n":1}`)
+	r, err := ParseRequest(Completions, body)
+	if err != nil || string(body[r.PromptSpan[0]:r.PromptSpan[1]]) != `"hi \"there\""` {
+		t.Fatalf("prompt span %v of %s (%v)", r.PromptSpan, body, err)
+	}
+	if out, err := r.SplicePromptJSON(body, []byte("[5]")); err != nil || string(out) != `{"model":"m", "prompt": [5] ,"n":1}` {
+		t.Fatalf("splice at span: %s %v", out, err)
+	}
+	if _, err := SpliceCompletionPrompt([]byte(`{"model":"m"}`), []uint32{7}); err == nil {
+		t.Fatal("no prompt: no error")
+	}
 }
 
 func FuzzParseRequest(f *testing.F) {
@@ -123,6 +139,16 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		} else if out, err := SpliceCompletionPrompt(body, []uint32{1}); err != nil || !json.Valid(out) {
 			t.Fatalf("splice prompt: %v %q", err, out)
+		} else if r.SinglePrompt && !r.PromptIsIDs {
+			// The prompt an engine decodes (the last "prompt", as encoding/json and Python's json keep) is the IDs.
+			var sent struct{ Prompt json.RawMessage }
+			if err := json.Unmarshal(out, &sent); err != nil || string(sent.Prompt) != "[1]" {
+				t.Fatalf("splice prompt: the engine would read %q (%v) from %q", sent.Prompt, err, out)
+			}
+			// At the parsed span, the same bytes as the scan.
+			if at, err := r.SplicePromptJSON(body, []byte("[1]")); err != nil || string(at) != string(out) {
+				t.Fatalf("splice at span %v: %v\n%q\nwant %q", r.PromptSpan, err, at, out)
+			}
 		}
 	})
 }

@@ -52,15 +52,33 @@ func ChatBody(mode string, body []byte, ids []uint32) (out []byte, skip string) 
 // from gateway/internal/model's AppendIDsJSON, which formats only the IDs a conversation's cached text lacks).
 // idsJSON is copied into out; the caller may reuse it afterwards.
 func ChatBodyJSON(mode string, body []byte, idsJSON []byte) (out []byte, skip string) {
+	return ChatBodyJSONFor(nil, mode, body, idsJSON)
+}
+
+// ChatBodyJSONFor is ChatBodyJSON for the body req was parsed from (nil: unknown): when req says the
+// body has no member named by mode (HasPromptTokenIDs, HasInputIDs, HasKVTransferParams; the common
+// case) the IDs are inserted without scanning the body for it again (a 128k-token chat is ~0.5 MB).
+func ChatBodyJSONFor(req *openai.Request, mode string, body []byte, idsJSON []byte) (out []byte, skip string) {
 	var key string
+	var present bool
 	switch mode {
-	case config.ChatTokenIDsPromptTokenIDs, config.ChatTokenIDsInputIDs, config.ChatTokenIDsKVTransfer:
-		key = mode
+	case config.ChatTokenIDsPromptTokenIDs:
+		key, present = mode, req == nil || req.HasPromptTokenIDs
+	case config.ChatTokenIDsInputIDs:
+		key, present = mode, req == nil || req.HasInputIDs
+	case config.ChatTokenIDsKVTransfer:
+		key, present = mode, req == nil || req.HasKVTransferParams
 	default:
 		return body, ""
 	}
 	if openBrace(body) < 0 {
 		return body, "" // not an object: openai.ParseRequest refuses it before this
+	}
+	if !present {
+		if mode == config.ChatTokenIDsKVTransfer {
+			return insertMember(body, openBrace(body), key, []byte(`{"prompt_token_ids":`), idsJSON, []byte(`}`)), ""
+		}
+		return insertMember(body, openBrace(body), key, idsJSON), ""
 	}
 	var val gjson.Result
 	found := false

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/gateway/config"
+	"github.com/kvgate/kvgate/gateway/internal/openai"
 )
 
 func TestChatBodySplices(t *testing.T) {
@@ -69,7 +70,10 @@ func TestHasMediaParts(t *testing.T) {
 // gives back the client's members unchanged.
 func FuzzChatBody(f *testing.F) {
 	for _, s := range []string{`{"model":"m","messages":[]}`, `{"kv_transfer_params":{"a":1}}`, `{"kv_transfer_params":null}`,
-		`{"input_ids":null,"x":[1,{"y":2}]}`, `{"prompt_token_ids":[1]}`, ` { } `, `{"kv_transfer_params":{"prompt_token_ids":null}}`} {
+		`{"input_ids":null,"x":[1,{"y":2}]}`, `{"prompt_token_ids":[1]}`, ` { } `, `{"kv_transfer_params":{"prompt_token_ids":null}}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"input_ids":null,"kv_transfer_params":{"a":1}}`,
+		`{"model":"m","prompt_token_ids":[1],"messages":[{"role":"user","content":"x"}],"kv_transfer_params":{}}`} {
 		f.Add(s, uint8(0))
 	}
 	modes := []string{config.ChatTokenIDsKVTransfer, config.ChatTokenIDsInputIDs, config.ChatTokenIDsPromptTokenIDs}
@@ -80,6 +84,13 @@ func FuzzChatBody(f *testing.F) {
 		}
 		mode := modes[int(m)%len(modes)]
 		out, skip := ChatBody(mode, []byte(body), []uint32{1, 2})
+		// For a body the gateway parsed as a chat, the splice that trusts the parse's member flags (no
+		// second scan when the member is absent) gives the same bytes.
+		if req, err := openai.ParseRequest(openai.Chat, []byte(body)); err == nil {
+			if o2, s2 := ChatBodyJSONFor(req, mode, []byte(body), openai.AppendIDs(nil, []uint32{1, 2})); string(o2) != string(out) || s2 != skip {
+				t.Fatalf("%s %s: from the parse %s (%q), from the scan %s (%q)", mode, body, o2, s2, out, skip)
+			}
+		}
 		var got map[string]any
 		if err := json.Unmarshal(out, &got); err != nil {
 			t.Fatalf("%s -> invalid %s: %v", body, out, err)

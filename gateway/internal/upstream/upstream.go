@@ -34,6 +34,13 @@ import (
 //   - enginesim and vllm completions: body with "prompt" replaced by the token IDs (single prompts only);
 //   - everything else: body as sent.
 func Body(kind string, req *openai.Request, body []byte, ids []uint32) ([]byte, error) {
+	return BodyJSON(kind, req, body, ids, nil)
+}
+
+// BodyJSON is Body with the completions' IDs written as JSON by appendJSON (nil: openai.AppendIDs; else a
+// function with AppendIDs's output, such as a wrapper of gateway/internal/model's AppendIDsJSON, which
+// formats only the IDs a cached prompt's text lacks). The text appendJSON writes into its dst is copied.
+func BodyJSON(kind string, req *openai.Request, body []byte, ids []uint32, appendJSON func(dst []byte, ids []uint32) []byte) ([]byte, error) {
 	if ids == nil {
 		return body, nil
 	}
@@ -41,7 +48,10 @@ func Body(kind string, req *openai.Request, body []byte, ids []uint32) ([]byte, 
 	case kind == config.EngineSim && req.API == openai.Chat && !req.HasPromptTokenIDs:
 		return openai.SpliceChatTokenIDs(body, ids), nil
 	case (kind == config.EngineSim || kind == config.EngineVLLM) && req.API == openai.Completions && !req.PromptIsIDs && req.SinglePrompt:
-		return openai.SpliceCompletionPrompt(body, ids)
+		if appendJSON == nil {
+			appendJSON = openai.AppendIDs
+		}
+		return req.SplicePromptJSON(body, appendJSON(nil, ids))
 	}
 	return body, nil
 }
