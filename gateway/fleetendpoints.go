@@ -651,12 +651,13 @@ func (s *endpointSync) view(rec kvstore.EndpointRecord) admin.EndpointView {
 	}
 	s.mu.Lock()
 	r, running := s.running[rec.ID]
+	routed := running && r.state == kvstore.EndpointActive // apply writes r.state under s.mu
 	why := s.notHere[rec.ID]
 	s.mu.Unlock()
 	here := &admin.EndpointHere{Error: why}
 	if running {
 		here.Healthy = s.g.eps.Load(rec.ID).Healthy
-		here.Routed = r.state == kvstore.EndpointActive
+		here.Routed = routed
 		s.g.ingMu.Lock()
 		_, here.Ingesting = s.g.ingesters[rec.ID]
 		s.g.ingMu.Unlock()
