@@ -625,10 +625,7 @@ func (r *Request) SplicePromptJSON(body, idsJSON []byte) ([]byte, error) {
 	if at <= 0 || end > len(body) || end-at < 2 || !(body[at] == '"' && body[end-1] == '"' || body[at] == '[' && body[end-1] == ']') {
 		return SpliceCompletionPromptJSON(body, idsJSON)
 	}
-	out := make([]byte, 0, len(body)-(end-at)+len(idsJSON))
-	out = append(out, body[:at]...)
-	out = append(out, idsJSON...)
-	return append(out, body[end:]...), nil
+	return ReplaceSpan(body, at, end, idsJSON), nil
 }
 
 // SpliceCompletionPromptJSON is SpliceCompletionPrompt with the IDs already written as a JSON array
@@ -637,22 +634,40 @@ func (r *Request) SplicePromptJSON(body, idsJSON []byte) ([]byte, error) {
 // the one ParseRequest reads and the engines' JSON decoders keep. body must be a JSON object (ParseRequest
 // checked it). Errors: body has no top-level "prompt".
 func SpliceCompletionPromptJSON(body, idsJSON []byte) ([]byte, error) {
-	var val gjson.Result
-	found := false
-	// A string view of body (nothing kept from the scan outlives this call): one pass over the top level,
-	// the long prompt string skipped, where sjson's path search and rebuild cost ~3x as much at 128k tokens.
-	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, v gjson.Result) bool {
-		if k.Str == "prompt" {
-			val, found = v, true
+	val, found := LastMember(body, "prompt")
+	if !found {
+		return nil, fmt.Errorf("openai: splice prompt: body has no top-level \"prompt\"")
+	}
+	return ReplaceSpan(body, val.Index, val.Index+len(val.Raw), idsJSON), nil
+}
+
+// LastMember returns the last top-level member named key of the JSON object body (the occurrence
+// ParseRequest, encoding/json and Python's json keep), with v.Index its value's byte offset in body; found
+// is false when there is none (or body is not an object). One pass over the top level through a string
+// view of body (nothing kept from the scan outlives the call; a long body is not copied).
+func LastMember(body []byte, key string) (v gjson.Result, found bool) {
+	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, m gjson.Result) bool {
+		if k.Str == key {
+			v, found = m, true
 		}
 		return true
 	})
-	end := val.Index + len(val.Raw)
-	if !found || val.Index <= 0 || end > len(body) || string(body[val.Index:end]) != val.Raw {
-		return nil, fmt.Errorf("openai: splice prompt: body has no top-level \"prompt\"")
+	if found && (v.Index <= 0 || v.Index+len(v.Raw) > len(body) || string(body[v.Index:v.Index+len(v.Raw)]) != v.Raw) {
+		return gjson.Result{}, false // gjson gave no offset into body
 	}
-	out := make([]byte, 0, len(body)-len(val.Raw)+len(idsJSON))
-	out = append(out, body[:val.Index]...)
-	out = append(out, idsJSON...)
-	return append(out, body[end:]...), nil
+	return v, found
+}
+
+// ReplaceSpan returns a new slice holding body with body[at:end] replaced by the concatenation of parts.
+func ReplaceSpan(body []byte, at, end int, parts ...[]byte) []byte {
+	n := len(body) - (end - at)
+	for _, p := range parts {
+		n += len(p)
+	}
+	out := make([]byte, 0, n)
+	out = append(out, body[:at]...)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return append(out, body[end:]...)
 }

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bytes"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -71,29 +70,19 @@ func ChatBodyJSONFor(req *openai.Request, mode string, body []byte, idsJSON []by
 	default:
 		return body, ""
 	}
-	if openBrace(body) < 0 {
+	brace := openBrace(body)
+	if brace < 0 {
 		return body, "" // not an object: openai.ParseRequest refuses it before this
-	}
-	if !present {
-		if mode == config.ChatTokenIDsKVTransfer {
-			return insertMember(body, openBrace(body), key, []byte(`{"prompt_token_ids":`), idsJSON, []byte(`}`)), ""
-		}
-		return insertMember(body, openBrace(body), key, idsJSON), ""
 	}
 	var val gjson.Result
 	found := false
-	// A string view of body, not ParseBytes's copy (a long conversation is hundreds of KB); nothing kept
-	// from the scan outlives this call.
-	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, v gjson.Result) bool {
-		if k.Str == key {
-			val, found = v, true
-		}
-		return true
-	})
+	if present {
+		val, found = openai.LastMember(body, key)
+	}
 	if mode != config.ChatTokenIDsKVTransfer {
 		switch {
 		case !found:
-			return insertMember(body, openBrace(body), key, idsJSON), ""
+			return insertMember(body, brace, key, idsJSON), ""
 		case val.Type == gjson.Null:
 			return replaceValue(body, val, idsJSON), ""
 		}
@@ -103,7 +92,7 @@ func ChatBodyJSONFor(req *openai.Request, mode string, body []byte, idsJSON []by
 	head, tail := []byte(`{"prompt_token_ids":`), []byte(`}`)
 	switch {
 	case !found:
-		return insertMember(body, openBrace(body), key, head, idsJSON, tail), ""
+		return insertMember(body, brace, key, head, idsJSON, tail), ""
 	case val.Type == gjson.Null:
 		return replaceValue(body, val, head, idsJSON, tail), ""
 	case !val.IsObject():
@@ -157,12 +146,7 @@ func insertMember(body []byte, brace int, key string, value ...[]byte) []byte {
 
 // replaceValue replaces the value v (v.Index is its offset in body) by the concatenation of value.
 func replaceValue(body []byte, v gjson.Result, value ...[]byte) []byte {
-	out := make([]byte, 0, len(body)-len(v.Raw)+partsLen(value))
-	out = append(out, body[:v.Index]...)
-	for _, p := range value {
-		out = append(out, p...)
-	}
-	return append(out, body[v.Index+len(v.Raw):]...)
+	return openai.ReplaceSpan(body, v.Index, v.Index+len(v.Raw), value...)
 }
 
 func partsLen(parts [][]byte) int {
