@@ -104,19 +104,7 @@ func New(idle time.Duration) *Client {
 
 // NewWithOptions returns a Client with o's timeouts.
 func NewWithOptions(o Options) *Client {
-	tr := &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     IdleConnTimeout,
-		DisableCompression:  true, // pass the engine's bytes through; SSE must not be buffered by gzip
-		ForceAttemptHTTP2:   false,
-		WriteBufferSize:     64 << 10,
-		ReadBufferSize:      32 << 10,
-		TLSClientConfig:     o.TLS,
-	}
-	return &Client{hc: &http.Client{Transport: tr}, o: o}
+	return &Client{hc: &http.Client{Transport: newConnTransport(o)}, o: o}
 }
 
 // IdleConnTimeout is how long a keep-alive connection to an engine stays pooled unused. It is below the
