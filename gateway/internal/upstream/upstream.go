@@ -3,7 +3,8 @@
 // posts it over pooled keep-alive connections, cancellable through its context (a cancelled context closes
 // the upstream connection, which makes vLLM/SGLang abort the generation).
 //
-// The client is net/http's, not fasthttp's: see gateway/RATIONALE.md "Why net/http for upstream?".
+// The client is net/http's http.Client over this package's own HTTP/1.1 transport (connTransport), not fasthttp's:
+// see gateway/RATIONALE.md "Why our own HTTP/1.1 transport upstream".
 package upstream
 
 import (
