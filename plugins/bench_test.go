@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +190,10 @@ func BenchmarkMachineStalls(b *testing.B) {
 // former 64-endpoint limit, up to 1,024.
 var fleetSizes = []int{16, 64, 65, 128, 256, 512, 1024}
 
+// routeRankLimit is the RankLimit the gateway's router asks for (gateway/internal/route rankLimit): the
+// "-top8" modes rank as it does.
+const routeRankLimit = 8
+
 // BenchmarkRankFleetSize: one decision of the built-in policy through Host.Rank (trusted, unmetered)
 // and of the native ranker, at 16 to 1,024 endpoints, at sdk.MaxEndpoints (1,364: the most a v1.0
 // snapshot fits into the guest's buffer) and, native only, at 2,048 (the packed keys' limit; Host.Rank
@@ -199,9 +204,16 @@ func BenchmarkRankFleetSize(b *testing.B) {
 	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Second})
 	for _, n := range append(slices.Clone(fleetSizes), sdk.MaxEndpoints, 2048) {
 		snaps := benchSnapshots(n)
-		for _, mode := range []string{"builtin", "native"} {
-			if mode == "builtin" && n > sdk.MaxEndpoints {
+		for _, mode := range []string{"builtin", "native", "builtin-top8", "native-top8"} {
+			if strings.HasPrefix(mode, "builtin") && n > sdk.MaxEndpoints {
 				continue
+			}
+			limit := uint32(0)
+			if strings.HasSuffix(mode, "-top8") {
+				limit = routeRankLimit
+			}
+			for i := range snaps {
+				snaps[i].Request.RankLimit = limit
 			}
 			b.Run(mode+"/"+strconv.Itoa(n), func(b *testing.B) {
 				lat := make([]time.Duration, 0, 1<<16)
@@ -212,7 +224,7 @@ func BenchmarkRankFleetSize(b *testing.B) {
 					s := &snaps[i%len(snaps)]
 					i++
 					t0 := time.Now()
-					if mode == "native" {
+					if strings.HasPrefix(mode, "native") {
 						out, _ = r.Rank(s, out[:0])
 					} else if _, info := h.Rank(context.Background(), "m", s); info.Fallback {
 						b.Fatalf("fallback %+v", info)
