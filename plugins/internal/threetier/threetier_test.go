@@ -459,7 +459,8 @@ func randomFleet(rng *rand.Rand, n, maxLoad int, balance, miss bool) *sdk.Snapsh
 // ranking (all of it when l ≥ the healthy count), in all three branches, for l from 1 to 20 and fleets
 // of 1 to 1,364 endpoints: random ones, ones where many endpoints share one match rate (the prefix's
 // boundary inside a run of equal rate fields) and ones with distinct rates inside one rate field (GPU
-// against CPU blocks at a CPU weight just below 1), which the selection must not decide by load.
+// against CPU blocks at a CPU weight just below 1), which the selection must not decide by load, and ones
+// with two loads only (the boundary inside a class of keys equal but for their tie keys).
 func TestRankPrefixes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 16))
 	iters := 4000
@@ -476,7 +477,7 @@ func TestRankPrefixes(t *testing.T) {
 		}
 		maxLoad := []int{3, 61, 5000, 1 << 20}[iter%4]
 		var s *sdk.Snapshot
-		switch iter % 6 {
+		switch iter % 7 {
 		case 0, 1, 2:
 			s = randomFleet(rng, n, maxLoad, iter%4 == 1, iter%5 == 2)
 		case 3, 4: // a shared prefix: most matching endpoints hold the same blocks
@@ -485,6 +486,15 @@ func TestRankPrefixes(t *testing.T) {
 			for i := range s.Endpoints {
 				if e := &s.Endpoints[i]; rng.IntN(4) != 0 {
 					e.GPUBlocks, e.CPUBlocks = 100, uint32(rng.IntN(2))
+				}
+			}
+		case 6: // two loads only: the prefix's boundary inside a class of equal keys decided by tie keys
+			s = randomFleet(rng, n, maxLoad, iter%2 == 0, false)
+			for i := range s.Endpoints {
+				e := &s.Endpoints[i]
+				e.Waiting, e.InFlightRequests = 5+uint32(rng.IntN(2)), 0
+				if rng.IntN(2) == 0 {
+					e.GPUBlocks, e.CPUBlocks = 0, 0
 				}
 			}
 		default: // rates 200 and 199.9999 blocks (cfg 2), in one rate field
