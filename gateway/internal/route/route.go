@@ -515,9 +515,8 @@ func (r *Router) rank(ctx context.Context, m *Model, p *Plan) {
 
 // rankLimit is how many ranked endpoints the router asks the policy for first: Reserve tries them in one
 // reservation and asks for the whole ranking only when none of them can take the request (then it
-// reserves over the whole ranking, those first, in one step). 8 covers the retry fall-through of
-// every request that finds room among its best eight endpoints. RATIONALE.md "Why the router asks for
-// eight ranked endpoints".
+// reserves over the whole ranking, those first, in one step). gateway/RATIONALE.md "Why the router asks
+// for the first eight ranked endpoints".
 const rankLimit = 8
 
 // CompleteRanking replaces a partial ranking (Info.Partial) by the policy's whole ranking of the same
