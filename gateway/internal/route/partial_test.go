@@ -127,3 +127,56 @@ func toInts(v []uint32) []int {
 	}
 	return out
 }
+
+// TestPartialRankingWholeSetDecisions: a request of two sequences (n = 2: the batch fit) and one larger
+// than an endpoint's token limit (the clamp) are decided over the whole candidate set, so Reserve ranks in
+// full before its first reservation, and the claim is the whole ranking's first endpoint.
+func TestPartialRankingWholeSetDecisions(t *testing.T) {
+	eps := fakeEngines(t, 12)
+	for i := range eps {
+		eps[i].Limits = kvstore.Limits{MaxRequests: 4, MaxTokens: 1 << 20}
+	}
+	eps[5].Limits.MaxTokens = 1000
+	h, err := plugins.New(context.Background(), plugins.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close(context.Background()) })
+	rr := &recordingRanker{h: h}
+	r, m := newRouter(t, eps, kvstore.NewMemoryIndex(kvstore.MemoryConfig{}), kvstore.NewMemoryReservations(nil),
+		func(o *Options) { o.Ranker = rr })
+	ctx := context.Background()
+	for _, c := range []struct{ name, body string }{
+		{"n=2", `{"model":"qwen3","n":2,"max_tokens":10,"messages":[{"role":"user","content":"hello"}]}`},
+		{"clamp", `{"model":"qwen3","max_tokens":5000,"messages":[{"role":"user","content":"hello"}]}`},
+		{"plain", `{"model":"qwen3","max_tokens":10,"messages":[{"role":"user","content":"hello"}]}`},
+	} {
+		body := []byte(c.body)
+		req, err := parseChat(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := r.Plan(ctx, m, "", req, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := p.Snapshot
+		s.Endpoints = slices.Clone(s.Endpoints)
+		whole := plugins.RankThreeTier(plugins.DefaultThreeTierConfig(), &s, nil)
+		cl, err := r.Reserve(ctx, p, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		want := []uint32{rankLimit, 0}
+		if c.name == "plain" {
+			want = want[:1]
+		}
+		if calls := rr.take(); !slices.Equal(calls, want) {
+			t.Fatalf("%s: policy calls with RankLimit %v, want %v", c.name, calls, want)
+		}
+		if cl.Index != int(whole[0]) {
+			t.Fatalf("%s: claimed candidate %d, whole ranking %v", c.name, cl.Index, whole)
+		}
+		r.Release(cl)
+	}
+}
