@@ -534,6 +534,10 @@ type Policy struct {
 	r Ranker
 }
 
+// HonorsRankLimit marks the policy sdk.RankLimited: Rank returns exactly the first RankLimit entries of
+// the whole ranking (TestRankPrefixes), so the module declares ABI v1.1.
+func (p *Policy) HonorsRankLimit() {}
+
 // Init parses the config (see ParseConfig).
 func (p *Policy) Init(config []byte) error {
 	c, err := ParseConfig(config)
