@@ -669,7 +669,7 @@ type hostRanker struct{ h *plugins.Host }
 // Rank asks the host and maps its RankInfo (version, fallback reason) to the router's.
 func (r hostRanker) Rank(ctx context.Context, model string, s *sdk.Snapshot) ([]int, route.RankInfo) {
 	rk, info := r.h.Rank(ctx, model, s)
-	ri := route.RankInfo{Policy: string(info.Version)}
+	ri := route.RankInfo{Policy: string(info.Version), Partial: info.Partial}
 	if info.Fallback {
 		ri.Fallback = info.Reason.String()
 	}

@@ -28,6 +28,7 @@ type instance struct {
 	bufCap uint32
 	stack  []uint64
 	seen   []bool
+	minor  int32 // the guest's ABI minor version (kvgate_policy_abi_minor; 0 without the export)
 	out    *capWriter
 	dl     callDeadline // the context of the instance's metered calls (uploaded modules)
 	// lastErr is the error of the instance's last failed call (a trap's message for validation reports).
@@ -123,6 +124,13 @@ func (h *Host) instantiate(ctx context.Context, ver *version, config []byte) (*i
 		return fail(fmt.Errorf("%s: %w", sdk.ExportBufCap, err))
 	}
 	inst.buf, inst.bufCap = uint32(ptr[0]), uint32(capa[0])
+	if f := mod.ExportedFunction(sdk.ExportMinor); f != nil {
+		m, err := f.Call(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", sdk.ExportMinor, err))
+		}
+		inst.minor = api.DecodeI32(m[0])
+	}
 	if inst.bufCap < sdk.HeaderSize+sdk.RecordSize {
 		return fail(fmt.Errorf("buffer of %d bytes is too small", inst.bufCap))
 	}
@@ -242,6 +250,10 @@ func (a *activation) replace(inst *instance) {
 // Rank returns the ranking of s's endpoints (indices into s.Endpoints, best first) by model's active
 // policy. It never fails: on guest trouble it returns the native three-tier ranking and says why in
 // RankInfo. It sets s.Endpoints[i].Index = i. With no healthy endpoint the ranking is empty.
+//
+// s.Request.RankLimit = L > 0 asks for the first L entries only: a policy of ABI v1.1 or later may stop
+// there (the built-in and the native fallback do: a selection instead of a sort), and RankInfo.Partial
+// then says so. A v1.0 policy is sent RankLimit 0 and ranks in full.
 func (h *Host) Rank(ctx context.Context, model string, s *Snapshot) ([]int, RankInfo) {
 	for i := range s.Endpoints {
 		s.Endpoints[i].Index = uint32(i)
@@ -260,6 +272,7 @@ func (h *Host) Rank(ctx context.Context, model string, s *Snapshot) ([]int, Rank
 			continue
 		}
 		if reason == ReasonNone {
+			info.Partial = partial(s, len(out))
 			return out, info
 		}
 		info.Reason, info.Code = reason, code
@@ -271,7 +284,15 @@ func (h *Host) Rank(ctx context.Context, model string, s *Snapshot) ([]int, Rank
 	info.Fallback = true
 	h.fallbacks[info.Reason].Add(1)
 	h.logFallback(ctx, model, info)
-	return h.fallbackRank(model, s), info
+	out := h.fallbackRank(model, s)
+	info.Partial = partial(s, len(out))
+	return out, info
+}
+
+// partial says whether a ranking of count entries answering s may have been cut at s.Request.RankLimit.
+func partial(s *Snapshot, count int) bool {
+	l := int(s.Request.RankLimit)
+	return l > 0 && count == l && l < len(s.Endpoints)
 }
 
 // FallbackRank is the native three-tier ranking Rank falls back to, with the config of model's active
@@ -376,7 +397,14 @@ func (i *instance) prepare(s *Snapshot) (call, Reason, bool) {
 	if !ok {
 		return c, ReasonTrap, true
 	}
-	if _, err := sdk.EncodeSnapshot(view, s); err != nil {
+	// A v1.0 guest is sent v1.0 bytes: RankLimit is a v1.1 field (it then ranks in full).
+	limit := s.Request.RankLimit
+	if i.minor < 1 {
+		s.Request.RankLimit = 0
+	}
+	_, err := sdk.EncodeSnapshot(view, s)
+	s.Request.RankLimit = limit
+	if err != nil {
 		return c, ReasonTooLarge, false
 	}
 	for k := range s.Endpoints {

@@ -3,7 +3,9 @@ package plugins
 import (
 	"context"
 	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +191,10 @@ func BenchmarkMachineStalls(b *testing.B) {
 // former 64-endpoint limit, up to 1,024.
 var fleetSizes = []int{16, 64, 65, 128, 256, 512, 1024}
 
+// routeRankLimit is the RankLimit the gateway's router asks for (gateway/internal/route rankLimit): the
+// "-top8" modes rank as it does.
+const routeRankLimit = 8
+
 // BenchmarkRankFleetSize: one decision of the built-in policy through Host.Rank (trusted, unmetered)
 // and of the native ranker, at 16 to 1,024 endpoints, at sdk.MaxEndpoints (1,364: the most a v1.0
 // snapshot fits into the guest's buffer) and, native only, at 2,048 (the packed keys' limit; Host.Rank
@@ -199,9 +205,16 @@ func BenchmarkRankFleetSize(b *testing.B) {
 	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Second})
 	for _, n := range append(slices.Clone(fleetSizes), sdk.MaxEndpoints, 2048) {
 		snaps := benchSnapshots(n)
-		for _, mode := range []string{"builtin", "native"} {
-			if mode == "builtin" && n > sdk.MaxEndpoints {
+		for _, mode := range []string{"builtin", "native", "builtin-top8", "native-top8"} {
+			if strings.HasPrefix(mode, "builtin") && n > sdk.MaxEndpoints {
 				continue
+			}
+			limit := uint32(0)
+			if strings.HasSuffix(mode, "-top8") {
+				limit = routeRankLimit
+			}
+			for i := range snaps {
+				snaps[i].Request.RankLimit = limit
 			}
 			b.Run(mode+"/"+strconv.Itoa(n), func(b *testing.B) {
 				lat := make([]time.Duration, 0, 1<<16)
@@ -212,7 +225,7 @@ func BenchmarkRankFleetSize(b *testing.B) {
 					s := &snaps[i%len(snaps)]
 					i++
 					t0 := time.Now()
-					if mode == "native" {
+					if strings.HasPrefix(mode, "native") {
 						out, _ = r.Rank(s, out[:0])
 					} else if _, info := h.Rank(context.Background(), "m", s); info.Fallback {
 						b.Fatalf("fallback %+v", info)
@@ -222,6 +235,58 @@ func BenchmarkRankFleetSize(b *testing.B) {
 					}
 				}
 				reportQuantiles(b, lat)
+			})
+		}
+	}
+}
+
+// BenchmarkRankDistribution: the built-in policy through Host.Rank over 4,096 distinct random snapshots
+// (plugins.RandomSnapshot: every branch, fallbacks to the full comparison included) at 16 and 256
+// endpoints, whole rankings ("builtin") and the router's first 8 ("builtin-top8"), with p50, p90, p99
+// and p99.9 of the per-call times and slow-% (calls over 3× p50). Issue 16's targets: p50 at 256 ≤ 3×
+// p50 at 16 and p99 ≤ 3× p50. Read it next to BenchmarkMachineStalls. Run with -benchtime 40960x (ten
+// passes over the snapshots).
+func BenchmarkRankDistribution(b *testing.B) {
+	h := newTestHost(b, Options{Logger: quietLogger(), CallTimeout: time.Second})
+	for _, n := range []int{16, 256} {
+		snaps := make([]Snapshot, 4096)
+		for i := range snaps {
+			snaps[i] = RandomSnapshot(uint64(n)<<32|uint64(i), n)
+		}
+		for _, mode := range []string{"builtin", "builtin-top8"} {
+			limit := uint32(0)
+			if mode == "builtin-top8" {
+				limit = routeRankLimit
+			}
+			for i := range snaps {
+				snaps[i].Request.RankLimit = limit
+			}
+			b.Run(mode+"/"+strconv.Itoa(n), func(b *testing.B) {
+				lat := make([]time.Duration, 0, 1<<17)
+				i := 0
+				for b.Loop() {
+					s := &snaps[i%len(snaps)]
+					i++
+					t0 := time.Now()
+					if _, info := h.Rank(context.Background(), "m", s); info.Fallback {
+						b.Fatalf("fallback %+v", info)
+					}
+					if len(lat) < cap(lat) {
+						lat = append(lat, time.Since(t0))
+					}
+				}
+				if len(lat) == 0 {
+					return
+				}
+				slices.Sort(lat)
+				q := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Nanoseconds()) }
+				p50 := q(0.50)
+				slow := len(lat) - sort.Search(len(lat), func(k int) bool { return float64(lat[k].Nanoseconds()) > 3*p50 })
+				b.ReportMetric(p50, "p50-ns")
+				b.ReportMetric(q(0.90), "p90-ns")
+				b.ReportMetric(q(0.99), "p99-ns")
+				b.ReportMetric(q(0.999), "p99.9-ns")
+				b.ReportMetric(100*float64(slow)/float64(len(lat)), "slow-%")
 			})
 		}
 	}

@@ -152,6 +152,10 @@ type RankInfo struct {
 	Fallback bool    // true when the ranking is the native three-tier fallback
 	Reason   Reason  // why it fell back
 	Code     int32   // the guest's error code for ReasonGuestError
+	// Partial says the ranking may be the first Request.RankLimit entries of a longer one: it has exactly
+	// that many, fewer than the snapshot's endpoints. Rank again with RankLimit 0 for the whole ranking,
+	// which begins with the same entries.
+	Partial bool
 }
 
 // Host loads, validates, activates and calls routing policies. Create it with New; Close releases it.

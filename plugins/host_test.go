@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,6 +97,60 @@ func TestNativeMatchesWasmLargeFleets(t *testing.T) {
 	}
 }
 
+// TestRankLimitThroughHost: with Request.RankLimit 8 the built-in (trusted), the same module uploaded
+// (metered) and the native fallback return exactly the first 8 entries of the native full ranking and say
+// Partial when that cut it; a v1.0 guest (good.wasm) is not sent the limit and answers in full.
+func TestRankLimitThroughHost(t *testing.T) {
+	h := newTestHost(t, Options{CallTimeout: time.Second})
+	up, _, err := h.Load("three-tier-uploaded", BuiltinWasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Activate("uploaded", up, nil); err != nil {
+		t.Fatal(err)
+	}
+	good, _, err := h.Load("good", readWasm(t, "good"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Activate("v10", good, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := 600
+	if testing.Short() {
+		n = 150
+	}
+	for i := range n {
+		size := []int{1, 8, 9, 16, 33, 64, 65, 256, 1024, sdk.MaxEndpoints}[i%10]
+		s := RandomSnapshot(uint64(i)+1600, size)
+		want, _ := nativeRank(threetier.DefaultConfig(), &s)
+		s.Request.RankLimit = 8
+		cut := min(8, len(want))
+		for _, model := range []string{"m", "uploaded"} {
+			got, info := h.Rank(context.Background(), model, &s)
+			if info.Fallback || !slices.Equal(got, want[:cut]) || info.Partial != (cut < len(want) || cut == 8 && size > 8) {
+				t.Fatalf("%s, snapshot %d (%d endpoints): %v %+v, want %v", model, i, size, got, info, want[:cut])
+			}
+		}
+		if got := h.fallbackRank("m", &s); !slices.Equal(got, want[:cut]) {
+			t.Fatalf("native fallback, snapshot %d: %v, want %v", i, got, want[:cut])
+		}
+		if sdk.EncodedSize(size) > 32768 { // good.wasm's buffer
+			continue
+		}
+		got, info := h.Rank(context.Background(), "v10", &s)
+		var healthy []int
+		for k, e := range s.Endpoints {
+			if e.Healthy() {
+				healthy = append(healthy, k)
+			}
+		}
+		if info.Fallback && len(healthy) > 0 || !info.Fallback && (!slices.Equal(got, healthy) || info.Partial != (len(healthy) == 8 && size > 8)) {
+			t.Fatalf("v1.0 guest, snapshot %d: %v %+v, want %v", i, got, info, healthy)
+		}
+	}
+}
+
 func TestActivateConfigReachesGuest(t *testing.T) {
 	h := newTestHost(t, Options{})
 	// Loads [20,0,0] with the prefix on endpoint 0: overloaded under the default threshold 8
@@ -130,7 +185,7 @@ func TestLoadRejects(t *testing.T) {
 		{"badimport", []string{"import env.http_get is not allowed", "import wasi_snapshot_preview1.path_open is not allowed"}},
 		{"wrongsig", []string{"export kvgate_policy_choose has signature (i64)->(i32), want (i32)->(i32)"}},
 		{"missing", []string{"missing export kvgate_policy_abi_v1", "missing export kvgate_policy_choose"}},
-		{"newer", []string{"guest ABI v1.9 is newer than the host's v1.0"}},
+		{"newer", []string{"guest ABI v1.9 is newer than the host's v1." + strconv.Itoa(sdk.ABIMinor)}}, // the host is v1.1 since RankLimit
 		{"invalid", []string{"sample no-endpoints: invalid_ranking"}},
 		{"loop", []string{"warm-up call: no answer within 20ms"}},
 		{"calltree", []string{"warm-up call: no answer within 20ms"}}, // 2^28 calls without a loop

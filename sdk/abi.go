@@ -19,8 +19,9 @@ var littleEndian = func() bool {
 const (
 	// ABIMajor is the major ABI version; a guest declares it with the export ExportMarker.
 	ABIMajor = 1
-	// ABIMinor is the minor version this SDK and host implement; later minors only append fields.
-	ABIMinor = 0
+	// ABIMinor is the minor version this SDK and host implement; later minors only append fields (v1.1:
+	// the header's rank_limit, Request.RankLimit).
+	ABIMinor = 1
 	// Magic is the first header word, the bytes "KVGP" read as a little-endian uint32.
 	Magic uint32 = 0x5047564b
 	// HeaderSize is the v1.0 header size in bytes (the header states its own size; readers skip extra).
@@ -69,6 +70,10 @@ type Request struct {
 	BlockSize    uint32 // tokens per block (16 by default)
 	ModelHash    uint64 // 64-bit hash of model name and LoRA name
 	Seed         uint64 // host-supplied random seed; the only randomness a policy may use
+	// RankLimit (ABI v1.1, header offset 36) is how many ranking entries the host reads now: 0 means the
+	// whole ranking; L > 0 lets a policy return only the first L entries of the ranking it returns with
+	// RankLimit 0 (the host asks again with 0 if it needs more). A policy may ignore it.
+	RankLimit uint32
 }
 
 // Endpoint is one candidate endpoint's record.
@@ -105,7 +110,8 @@ var ErrTooLarge = errors.New("sdk: snapshot larger than buffer")
 // EncodedSize returns the encoded v1.0 size in bytes of a snapshot with n endpoints.
 func EncodedSize(n int) int { return HeaderSize + n*RecordSize }
 
-// EncodeSnapshot writes s into buf in the v1.0 layout and returns the number of bytes written.
+// EncodeSnapshot writes s into buf in the v1 layout and returns the number of bytes written; the header's
+// abi_minor is 1 when Request.RankLimit (the one v1.1 field) is set, else 0 (the v1.0 bytes).
 // KV-cache utilization is clamped to [0,1] (NaN becomes 0). Endpoint.Index is written as given.
 func EncodeSnapshot(buf []byte, s *Snapshot) (int, error) {
 	n := len(s.Endpoints)
@@ -116,7 +122,13 @@ func EncodeSnapshot(buf []byte, s *Snapshot) (int, error) {
 	le := binary.LittleEndian
 	h := buf[:HeaderSize]
 	le.PutUint32(h[0:], Magic)
-	le.PutUint16(h[4:], ABIMinor)
+	// A snapshot without a v1.1 field set is a v1.0 snapshot byte for byte, and says so: a v1.0 guest
+	// sees exactly what it always saw.
+	minor := uint16(0)
+	if s.Request.RankLimit != 0 {
+		minor = 1
+	}
+	le.PutUint16(h[4:], minor)
 	le.PutUint16(h[6:], HeaderSize)
 	le.PutUint16(h[8:], RecordSize)
 	le.PutUint16(h[10:], 0)
@@ -126,7 +138,7 @@ func EncodeSnapshot(buf []byte, s *Snapshot) (int, error) {
 	le.PutUint32(h[24:], r.PromptTokens)
 	le.PutUint32(h[28:], r.PromptBlocks)
 	le.PutUint32(h[32:], r.BlockSize)
-	le.PutUint32(h[36:], 0)
+	le.PutUint32(h[36:], r.RankLimit)
 	le.PutUint64(h[40:], r.ModelHash)
 	le.PutUint64(h[48:], r.Seed)
 	le.PutUint64(h[56:], 0)
@@ -135,6 +147,19 @@ func EncodeSnapshot(buf []byte, s *Snapshot) (int, error) {
 		// Endpoint is a v1.0 record in memory (TestEndpointLayout): one copy for all records, then
 		// the clamp and the reserved word per record (the host encodes on every routing decision).
 		copy(buf[off:size], unsafe.Slice((*byte)(unsafe.Pointer(&s.Endpoints[0])), n*RecordSize))
+		if uintptr(unsafe.Pointer(&buf[off]))%unsafe.Alignof(Endpoint{}) == 0 {
+			// The records just copied, as Endpoints (buf[off:size] holds exactly n of them): no
+			// bounds check or byte-slice header per record (256 endpoints: 0.78 → 0.50 µs).
+			recs := unsafe.Slice((*Endpoint)(unsafe.Pointer(&buf[off])), n)
+			for i := range recs {
+				e := &recs[i]
+				if u := e.KVCacheUtilization; !(u >= 0 && u <= 1) {
+					e.KVCacheUtilization = clampUtil(u)
+				}
+				*(*uint64)(unsafe.Add(unsafe.Pointer(e), 40)) = 0 // the reserved word (Endpoint's blank field)
+			}
+			return size, nil
+		}
 		for i := range s.Endpoints {
 			b := buf[off : off+RecordSize]
 			if u := s.Endpoints[i].KVCacheUtilization; !(u >= 0 && u <= 1) {
@@ -213,6 +238,7 @@ func decodeHeader(buf []byte, req *Request) (hs, rs, n int, err error) {
 		BlockSize:    le.Uint32(buf[32:]),
 		ModelHash:    le.Uint64(buf[40:]),
 		Seed:         le.Uint64(buf[48:]),
+		RankLimit:    le.Uint32(buf[36:]),
 	}
 	return hs, rs, n, nil
 }

@@ -11,7 +11,7 @@ var buffer [BufferSize]byte
 func exportMarker() {}
 
 //go:wasmexport kvgate_policy_abi_minor
-func exportMinor() int32 { return ABIMinor }
+func exportMinor() int32 { return declaredMinor() }
 
 //go:wasmexport kvgate_policy_buf
 func exportBuf() int32 { return int32(uintptr(unsafe.Pointer(&buffer[0]))) }

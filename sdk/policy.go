@@ -99,6 +99,24 @@ type guest struct {
 
 var registered guest
 
+// RankLimited is implemented by a policy that honours Request.RankLimit (ABI v1.1): it may return only the
+// first RankLimit entries of its ranking, which must be the first entries of its whole ranking. A module
+// whose registered policy implements it declares ABI minor 1 (kvgate_policy_abi_minor), so the host sends it
+// the limit; hosts before v1.1 refuse such a module. Every other policy declares minor 0 and is loaded by
+// every v1 host, which then sends RankLimit 0 (rank everything). plugins/ABI.md, "v1.1".
+type RankLimited interface {
+	Policy
+	HonorsRankLimit()
+}
+
+// declaredMinor is the ABI minor version the registered policy declares (see RankLimited).
+func declaredMinor() int32 {
+	if _, ok := registered.policy.(RankLimited); ok {
+		return ABIMinor
+	}
+	return 0
+}
+
 // Register installs the policy this module exports. Call it exactly once, from init() of the policy's
 // main package. A second call panics: a module exports one policy.
 func Register(p Policy) {

@@ -77,6 +77,25 @@ func TestDecodeGolden(t *testing.T) {
 	}
 }
 
+// TestRankLimitGolden: a snapshot with Request.RankLimit set is a v1.1 snapshot: abi_minor 1 and the
+// limit at header offset 36 (ABI.md), the rest the v1.0 golden's bytes; it decodes back.
+func TestRankLimitGolden(t *testing.T) {
+	s := goldenSnapshot()
+	s.Request.RankLimit = 8
+	want := golden()
+	binary.LittleEndian.PutUint16(want[4:], 1)
+	binary.LittleEndian.PutUint32(want[36:], 8)
+	buf := make([]byte, 1024)
+	n, err := EncodeSnapshot(buf, &s)
+	if err != nil || !slices.Equal(buf[:n], want) {
+		t.Fatalf("encoded (%v)\n%x\nwant\n%x", err, buf[:n], want)
+	}
+	var d Snapshot
+	if err := DecodeSnapshot(want, &d); err != nil || d.Request != s.Request {
+		t.Fatalf("decoded %+v (%v), want %+v", d.Request, err, s.Request)
+	}
+}
+
 // TestDecodeNewerMinor: a later minor appends header and record fields; a v1.0 reader skips them.
 func TestDecodeNewerMinor(t *testing.T) {
 	old := golden()

@@ -513,6 +513,7 @@ func (a *API) explain(c *fiber.Ctx) error {
 	if err != nil {
 		return fail(c, server.RouteError(req.Model, err))
 	}
+	a.Router.CompleteRanking(ctx, p) // every endpoint's rank, not the first few the router asks for
 	out := ExplainResponse{Model: sm.Model.Name, LoRA: sm.LoRA, API: api.String(), PromptTokens: len(p.IDs),
 		BlockSize: sm.Model.BlockSize, Blocks: len(p.Keys), Policy: p.Info.Policy, Fallback: p.Info.Fallback,
 		LoadOnly: p.LoadOnly, StagesMicros: map[string]float64{}}

@@ -54,10 +54,14 @@ type RankInfo struct {
 	// Fallback is "" when the policy answered, else why the native three-tier ranking was used (a
 	// kvgate_policy_fallbacks_total reason).
 	Fallback string
+	// Partial says the ranking may be only the first Request.RankLimit entries of the policy's ranking
+	// (plugins.RankInfo.Partial); ranking the same snapshot with RankLimit 0 gives all of it.
+	Partial bool
 }
 
 // Ranker ranks a snapshot's endpoints, best first, as indices into s.Endpoints. It never fails: a policy in
-// trouble falls back to a native ranking (plugins.Host via an adapter implements it).
+// trouble falls back to a native ranking (plugins.Host via an adapter implements it). With
+// s.Request.RankLimit L > 0 it may return only the first L entries, saying so in RankInfo.Partial.
 type Ranker interface {
 	Rank(ctx context.Context, model string, s *sdk.Snapshot) ([]int, RankInfo)
 }
@@ -298,7 +302,8 @@ type Plan struct {
 	// Candidates are the healthy endpoints, in snapshot order.
 	Candidates []Candidate
 	Snapshot   sdk.Snapshot
-	// Ranking lists Candidates indices, best first.
+	// Ranking lists Candidates indices, best first: only the first rankLimit of them while Info.Partial
+	// (Reserve and CompleteRanking rank the rest when they are needed).
 	Ranking []int
 	Info    RankInfo
 	// LoadOnly says the index was not consulted (store down or no index).
@@ -500,9 +505,31 @@ func (r *Router) rank(ctx context.Context, m *Model, p *Plan) {
 		}
 		return
 	}
+	p.Snapshot.Request.RankLimit = rankLimit
 	p.Ranking, p.Info = r.o.Ranker.Rank(ctx, m.Name, &p.Snapshot)
+	p.Snapshot.Request.RankLimit = 0
 	if p.Info.Fallback != "" {
 		r.o.Metrics.PolicyFallbacks.WithLabelValues(m.Name, p.Info.Fallback).Inc()
+	}
+}
+
+// rankLimit is how many ranked endpoints the router asks the policy for first: Reserve tries them in one
+// reservation and asks for the whole ranking only when none of them can take the request (then it
+// reserves over the whole ranking, those first, in one step). gateway/RATIONALE.md "Why the router asks
+// for the first eight ranked endpoints".
+const rankLimit = 8
+
+// CompleteRanking replaces a partial ranking (Info.Partial) by the policy's whole ranking of the same
+// snapshot, which begins with the same entries; with a complete one it does nothing. Reserve calls it
+// when it needs more than the first entries; the admin explain view calls it to show every endpoint.
+func (r *Router) CompleteRanking(ctx context.Context, p *Plan) {
+	if !p.Info.Partial {
+		return
+	}
+	p.Snapshot.Request.RankLimit = 0
+	p.Ranking, p.Info = r.o.Ranker.Rank(ctx, p.Model.Name, &p.Snapshot)
+	if p.Info.Fallback != "" {
+		r.o.Metrics.PolicyFallbacks.WithLabelValues(p.Model.Name, p.Info.Fallback).Inc()
 	}
 }
 
@@ -574,6 +601,13 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	defer func() {
 		r.stage[metrics.StageReserve].Observe(r.o.Now().Sub(start).Seconds())
 	}()
+	if p.Info.Partial {
+		cl, done, err := r.reservePrefix(ctx, p, exclude)
+		if done {
+			return cl, err
+		}
+		r.CompleteRanking(ctx, p)
+	}
 	ranked := make([]kvstore.Candidate, 0, len(p.Ranking))
 	order := make([]int, 0, len(p.Ranking))
 	for _, i := range p.Ranking {
@@ -657,6 +691,57 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		}
 		wait = min(wait*2, 50*time.Millisecond)
 	}
+}
+
+// reservePrefix is Reserve's first attempt on a partial ranking: one reservation over its entries (those
+// not in exclude). done says the attempt answered (a claim, or an error waiting would not change); when
+// none of them has room now, or the attempt could differ from one over the whole ranking, done is false
+// and Reserve goes on with the whole ranking. A reservation takes the first candidate in order with
+// room, so the prefix's claim is the one the whole ranking would have given at that moment. The two
+// things Reserve decides over the whole candidate set, the batch fit (more than one sequence) and the
+// token clamp (a request larger than some endpoint's token limit), make the prefix attempt step aside.
+func (r *Router) reservePrefix(ctx context.Context, p *Plan, exclude map[int]bool) (*Claim, bool, error) {
+	cost := r.Cost(p)
+	if cost.Requests > 1 {
+		return nil, false, nil
+	}
+	for i, c := range p.Candidates {
+		if !exclude[i] && c.Limits.MaxTokens > 0 && cost.Tokens > c.Limits.MaxTokens {
+			return nil, false, nil
+		}
+	}
+	var buf [rankLimit]kvstore.Candidate
+	var ord [rankLimit]int
+	ranked, order := buf[:0], ord[:0]
+	for _, i := range p.Ranking {
+		if exclude[i] || len(ranked) == rankLimit {
+			continue
+		}
+		c := p.Candidates[i]
+		ranked = append(ranked, kvstore.Candidate{Endpoint: kvstore.EndpointID(c.ID), Limits: c.Limits})
+		order = append(order, i)
+	}
+	if len(ranked) == 0 {
+		return nil, false, nil
+	}
+	l, err := r.o.Reservations.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
+	switch {
+	case err == nil:
+		cl := &Claim{Index: order[0], ep: l.Endpoint, lease: l}
+		for k, c := range ranked {
+			if c.Endpoint == l.Endpoint {
+				cl.Index = order[k]
+				break
+			}
+		}
+		r.o.Metrics.InFlight.WithLabelValues(string(cl.ep)).Inc()
+		return cl, true, nil
+	case ctx.Err() != nil:
+		return nil, true, ctx.Err()
+	case !errors.Is(err, kvstore.ErrNoCapacity):
+		return nil, true, fmt.Errorf("%w: %w", ErrStoreRefused, err)
+	}
+	return nil, false, nil
 }
 
 // Record counts the routed prompt and matched tokens and writes the plan's block keys as a speculative entry

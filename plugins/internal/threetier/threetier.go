@@ -133,6 +133,7 @@ type Ranker struct {
 	items  []item
 	keys   []uint64 // packed sort keys (fast path); capacity ≥ 16 for the sorting networks
 	perm   []uint32 // positions in items, sorted by rankFull
+	sel    []uint64 // the prefix path's selected keys and their sort's scratch (as keys)
 }
 
 // New returns a Ranker for cfg.
@@ -236,12 +237,123 @@ func (r *Ranker) Rank(s *sdk.Snapshot, out []uint32) ([]uint32, Tier) {
 	if !(bestFree >= cfg.MatchThreshold) {
 		tier = rekey(keys, bestOver >= cfg.MatchThreshold, req.Seed)
 	}
+	l := int(req.RankLimit)
+	if l <= 0 || l >= k {
+		l = k
+	} else if l < topMax && k >= topMin {
+		if res, ok := r.top(out, keys, items, pb, l); ok {
+			return res, tier
+		}
+	}
+	o := len(out)
 	sortPacked(keys, r.keys[:cap(r.keys)])
 	res, tied := emit(slices.Grow(out, len(keys)), keys, items, pb)
 	if tied {
-		return r.rankFull(s, out)
+		res, tier = r.rankFull(s, out)
 	}
-	return res, tier
+	return res[:o+l], tier
+}
+
+// The prefix path (sdk.Request.RankLimit): limits below topMax on at least topMin healthy endpoints
+// select the limit+1 smallest keys instead of sorting them all; other limits rank in full and cut.
+const (
+	topMax = 16 // limit+1 keys must fit the 16 lanes' minima
+	topMin = 32 // below this the full sort costs about what the selection does
+)
+
+// top appends the first l (< topMax) entries of the ranking the packed keys give to out and reports
+// whether they decide it; when not, the caller ranks in full. keys (at least topMin) are classify's or
+// rekey's, in item order (key i has position i).
+//
+// The 16 lanes' minima (lane = position mod 16) are 16 distinct keys, so the largest of them, t, is at
+// least the 16th smallest key: the l+1 ≤ 16 smallest keys are among those ≤ t, which compact gathers
+// (usually a few dozen) and sortPacked orders. emit's checks over those l+1 keys cover every pair of
+// the prefix and its boundary (a key tied with the l-th above the position bits); what they cannot see
+// is a run of keys sharing the l-th key's rate field that continues past position l with a different
+// rate (the packed order within a rate field is by load, not by rate), so when the l-th and the
+// (l+1)-th share a nonzero rate field, uniformRate checks the whole run.
+func (r *Ranker) top(out []uint32, keys []uint64, items []item, pb uint, l int) ([]uint32, bool) {
+	w := r.keys[:cap(r.keys)]
+	n := (len(keys) + 15) &^ 15
+	for i := len(keys); i < n; i++ {
+		w[i] = math.MaxUint64 // padding: never a lane's minimum (every lane holds a key)
+	}
+	t := laneMinMax(w[:n])
+	buf := r.sel[:cap(r.sel)]
+	c := compact(keys, buf, t)
+	if keysCap(c) > len(buf) {
+		return out, false // the keys ≤ t do not fit the scratch (lanes very unevenly filled)
+	}
+	sel := buf[:c]
+	sortPacked(sel, buf)
+	o := len(out)
+	res, tied := emit(slices.Grow(out, l+1), sel[:l+1], items, pb)
+	if tied {
+		return out, false
+	}
+	posMask := uint64(1)<<(pb&63) - 1
+	if m := sel[l-1]; (m^sel[l]) < 1<<fieldLow && m>>fieldLow&rateField != 0 &&
+		!uniformRate(keys, items, m, math.Float64bits(items[m&posMask].rate)) {
+		return out, false
+	}
+	return res[:o+l], true
+}
+
+// laneMinMax returns the largest of the 16 lanes' minima of w (len(w) a multiple of 16, every lane
+// holding at least one key below the padding).
+//
+//go:noinline
+func laneMinMax(w []uint64) uint64 {
+	m0, m1, m2, m3, m4, m5, m6, m7 := w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]
+	m8, m9, m10, m11, m12, m13, m14, m15 := w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15]
+	for b := 16; b+16 <= len(w); b += 16 {
+		v := (*[16]uint64)(w[b : b+16])
+		m0, m1, m2, m3 = min(m0, v[0]), min(m1, v[1]), min(m2, v[2]), min(m3, v[3])
+		m4, m5, m6, m7 = min(m4, v[4]), min(m5, v[5]), min(m6, v[6]), min(m7, v[7])
+		m8, m9, m10, m11 = min(m8, v[8]), min(m9, v[9]), min(m10, v[10]), min(m11, v[11])
+		m12, m13, m14, m15 = min(m12, v[12]), min(m13, v[13]), min(m14, v[14]), min(m15, v[15])
+	}
+	return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)),
+		max(max(m8, m9), max(m10, m11)), max(max(m12, m13), max(m14, m15)))
+}
+
+// compact copies the keys ≤ t to dst (room for len(keys)), in order, and returns how many.
+//
+//go:noinline
+func compact(keys, dst []uint64, t uint64) int {
+	dst = dst[:len(keys)]
+	base := unsafe.Pointer(unsafe.SliceData(dst))
+	c := uintptr(0)
+	for _, kk := range keys {
+		// c ≤ the loop index < len(dst): written unconditionally, kept by advancing c.
+		*(*uint64)(unsafe.Add(base, c*8)) = kk
+		var b uintptr
+		if kk <= t {
+			b = 1
+		}
+		c += b
+	}
+	return int(c)
+}
+
+// uniformRate reports whether every key with m's group and rate field (keys[i] belongs to items[i])
+// has the match rate whose bits are rate.
+//
+//go:noinline
+func uniformRate(keys []uint64, items []item, m, rate uint64) bool {
+	items = items[:len(keys)]
+	var bad uint64
+	for i, kk := range keys {
+		var s, d uint64
+		if kk^m < 1<<fieldLow {
+			s = 1
+		}
+		if math.Float64bits(items[i].rate) != rate {
+			d = 1
+		}
+		bad |= s & d
+	}
+	return bad == 0
 }
 
 // drawTwo is the balance branch's power of two choices: two distinct positions in [0,n) drawn with
@@ -422,6 +534,10 @@ type Policy struct {
 	r Ranker
 }
 
+// HonorsRankLimit marks the policy sdk.RankLimited: Rank returns exactly the first RankLimit entries of
+// the whole ranking (TestRankPrefixes), so the module declares ABI v1.1.
+func (p *Policy) HonorsRankLimit() {}
+
 // Init parses the config (see ParseConfig).
 func (p *Policy) Init(config []byte) error {
 	c, err := ParseConfig(config)
@@ -566,6 +682,7 @@ func backStep(base, dst unsafe.Pointer, e, p, q uintptr) (uintptr, uintptr) {
 func (r *Ranker) grow(n int) {
 	r.items = make([]item, n)
 	r.keys = make([]uint64, keysCap(n))
+	r.sel = make([]uint64, keysCap(n))
 }
 
 // keysCap is the room the fast path's keys need for n endpoints: the keys padded to a multiple of 16

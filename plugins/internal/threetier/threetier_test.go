@@ -454,3 +454,87 @@ func randomFleet(rng *rand.Rand, n, maxLoad int, balance, miss bool) *sdk.Snapsh
 	}
 	return s
 }
+
+// TestRankPrefixes: with Request.RankLimit = l, Rank returns exactly the first l entries of refRank's
+// ranking (all of it when l ≥ the healthy count), in all three branches, for l from 1 to 20 and fleets
+// of 1 to 1,364 endpoints: random ones, ones where many endpoints share one match rate (the prefix's
+// boundary inside a run of equal rate fields) and ones with distinct rates inside one rate field (GPU
+// against CPU blocks at a CPU weight just below 1), which the selection must not decide by load, and ones
+// with two loads only (the boundary inside a class of keys equal but for their tie keys).
+func TestRankPrefixes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 16))
+	iters := 4000
+	if testing.Short() {
+		iters = 800
+	}
+	cfgs := []Config{DefaultConfig(), {ImbalanceThreshold: 2, MatchThreshold: 0.3, CPUWeight: 0.5},
+		{ImbalanceThreshold: 30, MatchThreshold: 0.05, CPUWeight: 0.9999}}
+	tiers, selected, limited := map[Tier]int{}, 0, 0
+	for iter := range iters {
+		n := 1 + rng.IntN(300)
+		if iter%4 == 0 {
+			n = []int{16, 31, 32, 33, 64, 65, 256, 1024, sdk.MaxEndpoints}[iter/4%9]
+		}
+		maxLoad := []int{3, 61, 5000, 1 << 20}[iter%4]
+		var s *sdk.Snapshot
+		switch iter % 7 {
+		case 0, 1, 2:
+			s = randomFleet(rng, n, maxLoad, iter%4 == 1, iter%5 == 2)
+		case 3, 4: // a shared prefix: most matching endpoints hold the same blocks
+			s = randomFleet(rng, n, maxLoad, false, false)
+			s.Request.PromptTokens = 4096
+			for i := range s.Endpoints {
+				if e := &s.Endpoints[i]; rng.IntN(4) != 0 {
+					e.GPUBlocks, e.CPUBlocks = 100, uint32(rng.IntN(2))
+				}
+			}
+		case 6: // two loads only: the prefix's boundary inside a class of equal keys decided by tie keys
+			s = randomFleet(rng, n, maxLoad, iter%2 == 0, false)
+			for i := range s.Endpoints {
+				e := &s.Endpoints[i]
+				e.Waiting, e.InFlightRequests = 5+uint32(rng.IntN(2)), 0
+				if rng.IntN(2) == 0 {
+					e.GPUBlocks, e.CPUBlocks = 0, 0
+				}
+			}
+		default: // rates 200 and 199.9999 blocks (cfg 2), in one rate field
+			s = randomFleet(rng, n, maxLoad, false, false)
+			s.Request.PromptTokens = 4096
+			for i := range s.Endpoints {
+				e := &s.Endpoints[i]
+				e.GPUBlocks, e.CPUBlocks = 200, 0
+				if rng.IntN(2) == 0 {
+					e.GPUBlocks, e.CPUBlocks = 199, 1
+				}
+			}
+		}
+		r := New(cfgs[iter%len(cfgs)])
+		want, wantTier := refRank(r.Config, s)
+		for _, l := range []int{1, 2, 3, 8, 9, 15, 16, 20} {
+			s.Request.RankLimit = uint32(l)
+			r.perm = r.perm[:0]
+			got, gotTier := r.Rank(s, []uint32{7})
+			w := want[:min(l, len(want))]
+			if gotTier != wantTier || got[0] != 7 || !slices.Equal(got[1:], w) {
+				t.Fatalf("iter %d (n=%d, l=%d, cfg %+v): got %v %v, want %v %v", iter, n, l, r.Config, gotTier, got[1:], wantTier, w)
+			}
+			if l < len(want) {
+				limited++
+				if len(r.perm) == 0 {
+					selected++
+				}
+			}
+		}
+		s.Request.RankLimit = 0
+		if got, _ := r.Rank(s, nil); !slices.Equal(got, want) {
+			t.Fatalf("iter %d (n=%d): RankLimit 0 gave %v, want %v", iter, n, got, want)
+		}
+		tiers[wantTier]++
+	}
+	for _, tr := range []Tier{TierAffinity, TierBalance, TierMiss} {
+		if tiers[tr] < iters/20 {
+			t.Errorf("only %d snapshots took %v: %v", tiers[tr], tr, tiers)
+		}
+	}
+	t.Logf("limited rankings %d, decided by the packed keys' selection or sort %d; branches %v", limited, selected, tiers)
+}
