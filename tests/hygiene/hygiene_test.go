@@ -215,7 +215,9 @@ func newPathChecker(t *testing.T, root string) *pathChecker {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+		// Build output (bin/, bench-out/: gitignored, present after `make run` or a bench) is not the
+		// repository: a doc naming bin/kvgate is not naming a file that must exist.
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && e.Name() != "bin" && e.Name() != "bench-out" {
 			c.tops[e.Name()] = true
 		}
 	}
