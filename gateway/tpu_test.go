@@ -37,6 +37,7 @@ func tpuAdmin(t *testing.T, g *Gateway, method, path, body, token string) (int, 
 // inspected through a; the pool shows in both /readyz; the slice and its lease survive a's restart; the
 // routes refuse a missing token with the OpenAI error shape.
 func TestTPUTwoGatewaysOnRedis(t *testing.T) {
+	t.Parallel() // waits on its own redis-server, engine and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts redis-server")
 	}
