@@ -212,6 +212,7 @@ func TestRedisEpochPerPrefix(t *testing.T) {
 // Redis errors are ErrUnavailable exactly when Redis cannot serve: refused connections, a paused server past
 // the deadline, LOADING, BUSY, READONLY; not a script error or a missing key.
 func TestRedisUnavailableClassification(t *testing.T) {
+	t.Parallel() // waits on its own redis-servers (a busy one, a primary and replica, a stopped one) only; no TTL or latency bound
 	for _, c := range []struct {
 		err  error
 		want bool
