@@ -313,6 +313,7 @@ func TestUpstreamStatusAndStaleConnections(t *testing.T) {
 // Explain returns the decision without forwarding; policy upload, activation and rollback change the
 // x-kvgate-policy header.
 func TestExplainAndPolicies(t *testing.T) {
+	t.Parallel() // waits on its own engines and gateway only; asserts no latency bound
 	engines := startSims(t, 3, nil)
 	g := startGateway(t, gwYAML(simEndpointsYAML(engines, 64), ""))
 	waitSubscribed(t, engines, g)

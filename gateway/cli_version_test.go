@@ -10,6 +10,7 @@ import (
 // `kvgate --version` of a binary built as `make build` builds it prints the version and commit given at
 // link time and the Go version of the toolchain that built it (as `go env GOVERSION` says).
 func TestVersionFlag(t *testing.T) {
+	t.Parallel() // waits on its own go build and binary only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("builds the kvgate binary")
 	}

@@ -136,6 +136,7 @@ func TestFleetRollbackOneAnswer(t *testing.T) {
 // Issue 12: a version activated, rolled back and unloaded through A must not come back through B: B's rollback
 // is 409 no_previous (the history no longer names it), B unloads it, and no gateway serves it.
 func TestFleetUnloadThenRollbackDoesNotResurrect(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 2)
 	a, b := f.gws[0], f.gws[1]
 	builtin := a.Host().BuiltinVersion()
@@ -237,6 +238,7 @@ func servingMetric(t *testing.T, g *Gateway) map[string]float64 {
 // backoff, serving it once the load succeeds. The load fails here because the store lists the module while
 // its data key is missing (a half-written upload), which is then restored.
 func TestFleetFailedLoadVisibleAndRetried(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and gateways only; asserts no latency bound
 	f := newFleet(t, 1)
 	a := f.gws[0]
 	builtin := a.Host().BuiltinVersion()

@@ -262,6 +262,7 @@ func TestHungRedisDegradesQuickly(t *testing.T) {
 // the flag clears, the router is back on the store and it ingests the engines' events. Before the fix it
 // exited ("redis ping ... connection refused").
 func TestStartWithoutRedis(t *testing.T) {
+	t.Parallel() // waits on its own redis-server, engines and gateway only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts redis-server")
 	}

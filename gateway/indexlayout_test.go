@@ -24,6 +24,7 @@ import (
 //
 // Speculative records last 100 ms here, so every match checked after that comes from the index.
 func TestIndexLayoutRollingUpgrade(t *testing.T) {
+	t.Parallel() // waits on its own redis-server, engines and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts redis-server and several gateways")
 	}

@@ -195,6 +195,7 @@ func TestTwoGatewaysOnRedis(t *testing.T) {
 // One gateway on a 3-master Redis Cluster: routing, affinity, reservations and policy storage work through
 // the cluster client (a request's keys live in one hash slot).
 func TestGatewayOnRedisCluster(t *testing.T) {
+	t.Parallel() // waits on its own Redis Cluster, engines and gateway only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}

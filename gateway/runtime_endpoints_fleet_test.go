@@ -25,6 +25,7 @@ import (
 // client through both, streamed and not, with no failed request. B follows the store and says in /readyz
 // that its file disagrees, until its file is updated too.
 func TestEndpointsFleetUnderTraffic(t *testing.T) {
+	t.Parallel() // waits on its own redis-server, engines and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts redis-server and two gateways under traffic")
 	}
@@ -101,6 +102,7 @@ func TestEndpointsFleetUnderTraffic(t *testing.T) {
 // gateways' copies (the first re-seeder under the new epoch wins), not the config files' lists: an
 // endpoint added through the admin API survives, and a drained one stays drained.
 func TestEndpointsReseedAfterEmptyRedis(t *testing.T) {
+	t.Parallel() // waits on its own redis-server, engines and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts and restarts redis-server")
 	}
@@ -254,6 +256,7 @@ func startSimAt(t *testing.T, ip string, port int) (*sim.Engine, error) {
 // records change under traffic; engines appear (added, probed, routed) and disappear (drained, removed,
 // then stopped) with no failed client request.
 func TestEndpointsFromDNS(t *testing.T) {
+	t.Parallel() // waits on its own dnsmasq, redis-server, engines and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts dnsmasq, redis-server and two gateways under traffic")
 	}

@@ -291,6 +291,7 @@ func TestEndpointsFileReloadDrains(t *testing.T) {
 // The admin API: add, change, drain, delete, in the OpenAI error shape; a drain of an endpoint the file
 // lists makes /readyz say that the file and the store disagree.
 func TestEndpointsAdminAPI(t *testing.T) {
+	t.Parallel() // waits on its own engines and gateway only; asserts no latency bound
 	engines := startSims(t, 2, nil)
 	path := filepath.Join(t.TempDir(), "kvgate.yaml")
 	writeFile(t, path, fileYAML("endpoint_drain_timeout: 1m\n", epYAML("e0", engines[0])))
@@ -480,6 +481,7 @@ func steadyTraffic(gws []*Gateway, workers int, stop <-chan struct{}) (*trafficC
 // Reload (what SIGHUP calls) applies the file at once; a file that does not parse changes nothing and is
 // reported in /readyz until a good one is read.
 func TestEndpointsReloadOnDemand(t *testing.T) {
+	t.Parallel() // waits on its own engines and gateway only; asserts no latency bound
 	engines := startSims(t, 2, nil)
 	path := filepath.Join(t.TempDir(), "kvgate.yaml")
 	writeFile(t, path, gwYAML(epYAML("e0", engines[0]), "config_watch_interval: 1h\n"))

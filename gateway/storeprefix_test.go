@@ -17,6 +17,7 @@ import (
 // in fleet B's index; an endpoint full in fleet A's reservations is free in B's; each fleet has its own
 // epoch marker and policy state.
 func TestStorePrefixSeparatesFleets(t *testing.T) {
+	t.Parallel() // waits on its own redis-server, engine and gateways only; asserts no latency bound
 	if testing.Short() {
 		t.Skip("starts redis-server")
 	}

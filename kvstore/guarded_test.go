@@ -212,6 +212,7 @@ func TestRedisEpochPerPrefix(t *testing.T) {
 // Redis errors are ErrUnavailable exactly when Redis cannot serve: refused connections, a paused server past
 // the deadline, LOADING, BUSY, READONLY; not a script error or a missing key.
 func TestRedisUnavailableClassification(t *testing.T) {
+	t.Parallel() // waits on its own redis-servers (a busy one, a primary and replica, a stopped one) only; no TTL or latency bound
 	for _, c := range []struct {
 		err  error
 		want bool
@@ -631,7 +632,18 @@ func runOutageSuite(t *testing.T, newStore func(*testing.T) *outageStore) {
 		f.take(0)
 		f.take(0)
 		f.take(1)
-		time.Sleep(50 * time.Millisecond)
+		// The event: each gateway's probe has read the shared counters with all three leases (the picture
+		// its store-down caps start from): a second read after the takes, since one begun before the last
+		// take may end after it.
+		for i, g := range f.gs {
+			taken := time.Now()
+			for range 2 {
+				at := g.Status().PictureAt
+				testenv.Eventually(t, 5*time.Second, fmt.Sprintf("g%d's next read of the counters after %v", i, at), func() bool {
+					return g.Status().PictureAt.After(at) && g.Status().PictureAt.After(taken)
+				})
+			}
+		}
 		// Restarted between two calls: nothing failed, the store is empty. The next reservation must not see
 		// the empty store's free capacity as real: the connection check (or, later, the epoch check) sends
 		// the gateway through recovery first.

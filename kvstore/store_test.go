@@ -33,6 +33,7 @@ func TestRedisStoreBlobsAndLeases(t *testing.T) {
 }
 
 func TestOpenStoreErrors(t *testing.T) {
+	t.Parallel() // waits on its own redis-server only; no TTL or latency bound
 	ctx := context.Background()
 	for _, cfg := range []kvstore.StoreConfig{
 		{Kind: "etcd"},

@@ -83,6 +83,7 @@ func median(v []int) float64 {
 // refusals are no more than first-fit's, in all and counting only those refused while enough chips were
 // free (the figures are in README.md).
 func TestFragmentation(t *testing.T) {
+	t.Parallel() // memory backend, minute-long leases: nothing expires under load
 	var best, first, bestFrag, firstFrag []int
 	for _, seed := range fragSeeds {
 		ops := fragOps(seed, 600)

@@ -63,6 +63,7 @@ func TestHammerChild(t *testing.T) {
 // 50 goroutines here and 3 separate processes (10 goroutines each) race for the 2x2 sub-slices of one v6e
 // 4x4 on one real Redis: exactly 4 succeed, everyone else gets ErrNoCapacity, and no chip is owned twice.
 func TestHammerRedis(t *testing.T) {
+	t.Parallel() // waits on its own redis-server and processes only; minute-long leases, no latency bound
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 50})
 	t.Cleanup(func() { c.Close() })

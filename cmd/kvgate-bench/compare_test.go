@@ -175,6 +175,7 @@ func TestGeneratedTrace(t *testing.T) {
 // The quick comparison, tiny: real gateway and engines, two policies, two loads, results.json checked.
 // It builds the binaries, so it is skipped with -short.
 func TestCompareEndToEnd(t *testing.T) {
+	t.Parallel() // waits on its own build, engines and gateways only; asserts shapes and plausibility, no latency bound
 	if testing.Short() {
 		t.Skip("builds and runs real processes")
 	}

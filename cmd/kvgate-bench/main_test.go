@@ -63,6 +63,7 @@ func TestWithTokenIDs(t *testing.T) {
 // The whole bench, small: real processes, both modes, memory store, two policies. It builds the binaries,
 // so it is skipped with -short.
 func TestRunSmall(t *testing.T) {
+	t.Parallel() // waits on its own build, engines and gateways only; asserts shapes and plausibility, no latency bound
 	if testing.Short() {
 		t.Skip("builds and runs real processes")
 	}
@@ -107,6 +108,7 @@ models:
 // tokens on the seen rows only, nonzero latencies and CPU per request, the nginx figures when nginx is
 // installed, a multi-turn curve and one verdict per target.
 func TestOverheadEndToEnd(t *testing.T) {
+	t.Parallel() // waits on its own build, engines, gateway and nginx only; asserts shapes and plausibility, no latency bound
 	if testing.Short() {
 		t.Skip("builds and runs real processes")
 	}

@@ -154,7 +154,12 @@ func staleIngesterFenced(t *testing.T, layout int) {
 	if g, _ := match(t, idx, y, kvstore.ExtraKeys{}); g != 0 {
 		t.Fatalf("Y scores %d, want 0", g)
 	}
-	time.Sleep(100 * time.Millisecond)
+	// The event: A's run goroutine has returned (a fenced ingester stops), so it can apply nothing more.
+	select {
+	case <-a.done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("A still runs 5 s after it was fenced off: %+v", a.Stats())
+	}
 	if s := a.Stats(); s.LastSeq != 1 || s.Batches != sa.Batches || s.Blocks != 2 || !s.Fenced {
 		t.Fatalf("A went on after it was fenced off: %+v", s)
 	}

@@ -19,6 +19,7 @@ import (
 // reports matches the gateway's own token count (explain), and the stream carries a usage chunk only
 // when the client asked for one.
 func TestChatStreamingAndNot(t *testing.T) {
+	t.Parallel() // waits on its own engines and gateway only; asserts no latency bound
 	env := newEnv(t)
 	engines := env.Engines("e", 2, harness.EngineOptions{TimeScale: 0.05})
 	g := env.Gateway("g0", memoryConfig(env.Model(engines, 64, 1_000_000)))

@@ -72,6 +72,7 @@ func chromiumResult(t *testing.T, chromium, url string) string {
 // origin is blocked by the browser, and that origin's preflight gets 403; a gateway without `cors` answers
 // no preflight at all.
 func TestCORSFromChromium(t *testing.T) {
+	t.Parallel() // waits on its own chromium, page servers, engine and gateways only; asserts no latency bound
 	chromium := testenv.Command(t, "chromium")
 	env := newEnv(t)
 	engines := env.Engines("e", 1, harness.EngineOptions{TimeScale: 0.05})

@@ -53,6 +53,7 @@ func readTokenizeGolden(t *testing.T) tokenizeGolden {
 // streamed as Responses events); a Responses request with tools routed on load and said so; embeddings;
 // /tokenize and /detokenize answered by the gateway with HF's IDs.
 func TestOpenAISurfaceGo(t *testing.T) {
+	t.Parallel() // waits on its own engines and gateway only; asserts no latency bound
 	env := newEnv(t)
 	engines := env.Engines("e", 2, harness.EngineOptions{TimeScale: 0.05})
 	g := env.Gateway("g0", memoryConfig(env.Model(engines, 64, 1_000_000)))
