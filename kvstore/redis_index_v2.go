@@ -330,6 +330,7 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		cmds    []*redis.SliceCmd
 		lo, hi  int  // the window being read: blocks [lo, hi)
 		holdsQ  bool // its hold fields are read
+		hold0   any  // block 0's hold field, kept to be judged when round 1 did not read the clock
 	}
 	// hmget queues HMGETs of fields (split every 2*v2ReadChunk fields) on hk.
 	hmget := func(p redis.Pipeliner, hk string, fields []string) []*redis.SliceCmd {
@@ -391,10 +392,11 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		}
 		return vs
 	}
-	// Round 1.
+	// Round 1. TIME only when a hold may be judged here: not for a lone block 0 of a longer prompt (a miss
+	// is then HMGETs only; a hold of block 0 is judged at the next round's clock, a round trip later).
 	p := r.c.Pipeline()
-	tm := p.Time(ctx)
 	runs := make([]*run, len(cands))
+	timed := n == 1
 	for j, ep := range cands {
 		h := hints[ep]
 		rn := &run{ep: ep, hk: r.v2Hash(model, fam, ep), lo: 1, hi: 1}
@@ -402,14 +404,22 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		if want := max(h.run, busRun(ep)); want > 0 && n > 1 {
 			rn.hi, rn.holdsQ = min(n, want+1), h.holds
 			fields = window(fields, 1, rn.hi, rn.holdsQ)
+			timed = true
 		}
 		rn.cmds = hmget(p, rn.hk, fields)
 		runs[j] = rn
 	}
+	var tm *redis.TimeCmd
+	if timed {
+		tm = p.Time(ctx)
+	}
 	if _, err := p.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
-	now := tm.Val().UnixMilli()
+	var now int64 // 0 until the clock is read: every hold counts as live meanwhile
+	if tm != nil {
+		now = tm.Val().UnixMilli()
+	}
 	var held []*run
 	for _, rn := range runs {
 		vs := vals(rn.cmds)
@@ -423,7 +433,7 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 			continue
 		}
 		rn.tiers, rn.live = make([]byte, n), make([]bool, n)
-		rn.tiers[0], rn.live[0] = t, live
+		rn.tiers[0], rn.live[0], rn.hold0 = t, live, vs[2]
 		rn.read = 1
 		if rn.hi > 1 {
 			rn.windows = 1
@@ -458,8 +468,21 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		if p == nil {
 			break
 		}
+		var tm *redis.TimeCmd
+		if !timed {
+			tm = p.Time(ctx)
+		}
 		if _, err := p.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("kvstore: redis match: %w", err)
+		}
+		if tm != nil {
+			now, timed = tm.Val().UnixMilli(), true
+			for _, rn := range held { // block 0's hold, judged now
+				_, rn.live[0] = parseV2([]any{nil, rn.hold0}, 0, now)
+				if rn.cmds == nil {
+					ends(rn)
+				}
+			}
 		}
 		for _, rn := range held {
 			if rn.cmds != nil {
@@ -473,6 +496,9 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 	out := make([]EndpointMatch, 0, len(held))
 	next := make(map[EndpointID]v2Hint, len(held))
 	for _, rn := range held {
+		if rn.end == 0 {
+			continue // block 0 had only an expired hold
+		}
 		next[rn.ep] = v2Hint{holds: rn.marked, run: rn.end}
 		m := EndpointMatch{Endpoint: rn.ep}
 		for i := 0; i < rn.end; i++ {
@@ -485,6 +511,9 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		out = append(out, m)
 	}
 	r.v2SetHints(model, keys[0], next)
+	if len(out) == 0 {
+		return nil, nil
+	}
 	return out, nil
 }
 
@@ -1040,4 +1069,5 @@ type v2State struct {
 	emu      sync.Mutex
 	eps      map[string]v2Eps
 	hints    map[recKey]map[EndpointID]v2Hint // Match's memo of block-0 holders (v2HintsOf)
+	runs1    map[recKey]int                   // layout 1 Match's memo of block-0 runs (v1RunOf)
 }
