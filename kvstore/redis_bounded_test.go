@@ -426,3 +426,101 @@ func stopsAtFirstAbsent(t *testing.T, layout int) {
 		t.Fatalf("hit: %+v", m)
 	}
 }
+
+// TestRedisMatchWindowsAgreeWithMemory checks that Match's windowed reads (and their memo of each block 0's
+// runs) stay exact while the entries change under them: random adds and removes of block ranges of
+// prompts sharing three system prompts, on four endpoints and both tiers, each followed by Matches of
+// random prompts through two Redis indexes on one redis-server (the writer and another gateway, each with
+// its own memo) and the memory index; all three must agree.
+func TestRedisMatchWindowsAgreeWithMemory(t *testing.T) {
+	for _, layout := range []int{1, 2} {
+		t.Run("Layout"+strconv.Itoa(layout), func(t *testing.T) { windowsAgree(t, layout) })
+	}
+}
+
+func windowsAgree(t *testing.T, layout int) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	prefix := freshPrefix()
+	a, err := kvstore.NewRedisIndex(srv.Client(t), kvstore.RedisConfig{Prefix: prefix, IndexLayout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := kvstore.NewRedisIndex(srv.Client(t), kvstore.RedisConfig{Prefix: prefix, IndexLayout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	mem := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	h := kvstore.Hasher{Seed: 5}
+	const nBlocks = 60
+	var chains [][]kvstore.BlockKey
+	for s := range 3 {
+		for p := range 4 {
+			toks := make([]uint32, nBlocks*16)
+			for i := range toks {
+				toks[i] = uint32(s)
+				if i >= (1+2*s)*16 { // system prompts of 1, 3 and 5 blocks
+					toks[i] = uint32(1000*s + 100*p + i)
+				}
+			}
+			chains = append(chains, h.Keys(toks, 16, kvstore.ExtraKeys{}))
+		}
+	}
+	// Every endpoint is in layout 2's registry before b's first Match (b caches the registry for a second:
+	// an endpoint new to the model is seen by other gateways within it, by design).
+	for e := range 4 {
+		u := kvstore.Update{Endpoint: kvstore.EndpointID("e" + strconv.Itoa(e)), Tier: kvstore.TierGPU,
+			Keys: []kvstore.BlockKey{kvstore.BlockKey(e + 1)}}
+		if err := a.Apply(ctx, "m", []kvstore.Update{u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := uint64(12345)
+	next := func(n int) int {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return int(rng % uint64(n))
+	}
+	sorted := func(m []kvstore.EndpointMatch) []kvstore.EndpointMatch {
+		out := slices.Clone(m)
+		slices.SortFunc(out, func(x, y kvstore.EndpointMatch) int { return strings.Compare(string(x.Endpoint), string(y.Endpoint)) })
+		return out
+	}
+	for step := range 400 {
+		ks := chains[next(len(chains))]
+		lo := next(nBlocks)
+		if next(3) == 0 {
+			lo = 0
+		}
+		hi := min(nBlocks, lo+1+next(40))
+		fams := make([]kvstore.Family, hi-lo)
+		for i := range fams {
+			fams[i] = kvstore.FamilyOf(ks[0])
+		}
+		u := kvstore.Update{Endpoint: kvstore.EndpointID("e" + strconv.Itoa(next(4))), Tier: kvstore.Tier(1 + next(2)),
+			Remove: next(3) == 0, Keys: ks[lo:hi], Families: fams}
+		if err := a.Apply(ctx, "m", []kvstore.Update{u}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mem.Apply(ctx, "m", []kvstore.Update{u}); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			q := chains[next(len(chains))]
+			q = q[:1+next(len(q))]
+			want, _ := mem.Match(ctx, "m", q)
+			for i, idx := range []*kvstore.RedisIndex{a, b} {
+				got, err := idx.Match(ctx, "m", q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(sorted(got), sorted(want)) {
+					t.Fatalf("step %d, index %d: Match of %d blocks = %+v, memory %+v", step, i, len(q), sorted(got), sorted(want))
+				}
+			}
+		}
+	}
+}
