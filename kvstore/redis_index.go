@@ -288,7 +288,7 @@ func (r *RedisIndex) matchPipelined(ctx context.Context, model string, k0 BlockK
 				gets = append(gets, p.MGet(ctx, names[i:min(i+matchChunk, hi)]...))
 			}
 		}
-		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		if err := execRound(ctx, r.c, p); err != nil && !errors.Is(err, redis.Nil) { // the first, in a SharedRound
 			return fmt.Errorf("kvstore: redis match: %w", err)
 		}
 		if tm != nil {

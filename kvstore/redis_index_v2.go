@@ -413,7 +413,7 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 	if timed {
 		tm = p.Time(ctx)
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	if err := execRound(ctx, r.c, p); err != nil { // with the in-flight read, in a SharedRound
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
 	var now int64 // 0 until the clock is read: every hold counts as live meanwhile
