@@ -108,7 +108,7 @@ func execRound(ctx context.Context, c redis.UniversalClient, p redis.Pipeliner) 
 	select {
 	case <-sr.done:
 	case <-ctx.Done():
-		return ctx.Err()
+		return classify(ctx.Err()) // as go-redis's hook would: a deadline is the store not answering
 	}
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
