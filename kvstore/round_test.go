@@ -88,8 +88,18 @@ func sharedRound(t *testing.T, indexLayout, resLayout int) {
 	for range 2 { // warm: the index's memo of block 0, layout 2's registry, the records channel
 		both(false)
 	}
-	m0, in0, alone := both(false)
-	m1, in1, shared := both(true)
+	// The fewest reads of three tries each: layout 2's registry (cached for a second) may be read again
+	// in between on a slow machine, one read more that is not the calls'.
+	alone, shared := int64(1<<30), int64(1<<30)
+	var m0, m1 []kvstore.EndpointMatch
+	var in0, in1 map[kvstore.EndpointID]kvstore.Cost
+	for range 3 {
+		var n int64
+		m0, in0, n = both(false)
+		alone = min(alone, n)
+		m1, in1, n = both(true)
+		shared = min(shared, n)
+	}
 	if len(m1) != 1 || m1[0] != m0[0] || m1[0].GPUBlocks != 128 {
 		t.Errorf("Match in a shared round: %+v, alone %+v", m1, m0)
 	}
