@@ -2,6 +2,7 @@ package kvstore_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,13 +216,13 @@ func slowest(t *testing.T, c *redis.Client, what string) time.Duration {
 	return w
 }
 
-// TestRedisMatchMissStopsAtBlock0 checks that a Match of a prompt nobody has seen looks up one key, and a
-// prompt whose run ends at block 2 no more than its blocks (keyspace_hits + keyspace_misses of INFO stats).
-// Layout 2 (one registered endpoint): the miss looks up that endpoint's family HASH once, a 128-block hit
-// looks it up twice (block 0, then the rest), and the same hit again once (Match remembers the holder of
-// block 0 and reads the whole prompt in one round trip).
+// TestRedisMatchMissStopsAtBlock0 checks that a Match of a prompt nobody has seen looks up one key
+// (keyspace_hits + keyspace_misses of INFO stats). Layout 1: a first 128-block hit looks up its 128 keys.
+// Layout 2 (one registered endpoint): the miss looks up that endpoint's family HASH once, a first 128-block
+// hit three times (block 0, the next 16 blocks, the rest), and the same hit again once (Match remembers the
+// holder of block 0 and how far its run went, and reads that in one round trip).
 func TestRedisMatchMissStopsAtBlock0(t *testing.T) {
-	for _, l := range []struct{ layout, hit int64 }{{1, 128}, {2, 2}} {
+	for _, l := range []struct{ layout, hit int64 }{{1, 128}, {2, 3}} {
 		t.Run("Layout"+strconv.Itoa(int(l.layout)), func(t *testing.T) { missStopsAtBlock0(t, int(l.layout), l.hit) })
 	}
 }
@@ -283,5 +284,243 @@ func missStopsAtBlock0(t *testing.T, layout int, hitLookups int64) {
 	}
 	if got := lookups(); got != 1 {
 		t.Fatalf("the same 128-block hit again cost %d key lookups, want 1", got)
+	}
+}
+
+// TestRedisMatchStopsAtFirstAbsentBlock counts what Match asks a real redis-server for (INFO commandstats
+// after CONFIG RESETSTAT, and every command's arguments from a SLOWLOG logging all commands), with 16
+// endpoints under the model, each holding an 8-block system prompt and prompts of its own, and two of them
+// a 128-block prompt behind the system prompt:
+//   - a miss (a 128-block prompt nobody has seen) is one lookup per candidate and no TIME: layout 1 one GET,
+//     layout 2 one HMGET of 3 fields per endpoint;
+//   - a new prompt behind the system prompt reads each holder's blocks up to block 8, where every run ends
+//     (plus the probe of 16 blocks when this index has not matched that block 0 before), not its 128;
+//   - the 128-block prompt is still found whole, and the runs of the others end at 8.
+//
+// On main a miss also ran TIME, and a partial match read all 128 blocks of every holder.
+func TestRedisMatchStopsAtFirstAbsentBlock(t *testing.T) {
+	for _, layout := range []int{1, 2} {
+		t.Run("Layout"+strconv.Itoa(layout), func(t *testing.T) { stopsAtFirstAbsent(t, layout) })
+	}
+}
+
+func stopsAtFirstAbsent(t *testing.T, layout int) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	idx, err := kvstore.NewRedisIndex(c, kvstore.RedisConfig{Prefix: freshPrefix(), IndexLayout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idx.Close()
+	const nEP, sysBlocks = 16, 8
+	h := kvstore.Hasher{Seed: 3}
+	prompt := func(sys, tail uint32) []kvstore.BlockKey {
+		toks := make([]uint32, 128*16)
+		for i := range toks {
+			toks[i] = sys
+			if i >= sysBlocks*16 {
+				toks[i] = tail + uint32(i)
+			}
+		}
+		return h.Keys(toks, 16, kvstore.ExtraKeys{})
+	}
+	add := func(ep kvstore.EndpointID, ks []kvstore.BlockKey) {
+		fams := make([]kvstore.Family, len(ks))
+		for i := range fams {
+			fams[i] = kvstore.FamilyOf(ks[0])
+		}
+		if err := idx.Apply(ctx, "m", []kvstore.Update{{Endpoint: ep, Tier: kvstore.TierGPU, Keys: ks, Families: fams}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := func(i int) kvstore.EndpointID { return kvstore.EndpointID("ep" + strconv.Itoa(i)) }
+	for e := range nEP {
+		add(ep(e), prompt(uint32(100+e), uint32(e)<<16))
+		add(ep(e), prompt(7, 1<<24)[:sysBlocks])
+	}
+	full := prompt(7, 2<<24)
+	add(ep(0), full)
+	add(ep(1), full)
+	if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.ConfigSet(ctx, "slowlog-max-len", "4096")
+	// reads runs Match and returns its commands (calls per command) and how many keys (GET, MGET) or
+	// fields (HMGET) they read.
+	reads := func(ks []kvstore.BlockKey) ([]kvstore.EndpointMatch, map[string]int, int) {
+		t.Helper()
+		c.ConfigResetStat(ctx)
+		c.SlowLogReset(ctx)
+		m, err := idx.Match(ctx, "m", ks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := commandCalls(t, c)
+		logs, err := c.SlowLogGet(ctx, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		read := 0
+		for _, l := range logs {
+			if len(l.Args) == 0 {
+				continue
+			}
+			argc := len(l.Args)
+			if last := l.Args[argc-1]; strings.HasPrefix(last, "... (") { // SLOWLOG keeps 32 arguments
+				more, _ := strconv.Atoi(strings.Fields(strings.TrimPrefix(last, "... ("))[0])
+				argc += more - 1
+			}
+			switch strings.ToLower(l.Args[0]) {
+			case "get", "mget":
+				read += argc - 1
+			case "hmget":
+				read += argc - 2
+			}
+		}
+		out := map[string]int{} // the index's reads (not the records channel's HELLO and SUBSCRIBE, nor
+		// layout 2's registry read, SMEMBERS, cached for a second)
+		for _, k := range []string{"get", "mget", "hmget", "time", "evalsha", "eval"} {
+			if calls[k] > 0 {
+				out[k] = calls[k]
+			}
+		}
+		return m, out, read
+	}
+	longest := func(m []kvstore.EndpointMatch) (int, int) {
+		best, n := 0, 0
+		for _, e := range m {
+			best = max(best, e.GPUBlocks)
+			if e.GPUBlocks == sysBlocks {
+				n++
+			}
+		}
+		return best, n
+	}
+	// A miss.
+	m, calls, read := reads(prompt(1<<20, 1<<25))
+	wantCalls := map[string]int{"get": 1}
+	wantRead := 1
+	if layout == 2 {
+		wantCalls, wantRead = map[string]int{"hmget": nEP}, 3*nEP
+	}
+	if len(m) != 0 || !maps.Equal(calls, wantCalls) || read != wantRead {
+		t.Errorf("miss of an unseen 128-block prompt: %+v, commands %v, %d keys or fields read; want commands %v, %d read", m, calls, read, wantCalls, wantRead)
+	}
+	// A new prompt behind the system prompt, first (no memo of its block 0), then another one (memo).
+	for round, maxRead := range []int{nEP * (3 + 16), nEP * (3 + sysBlocks)} {
+		if layout == 1 {
+			maxRead = []int{1 + 16, sysBlocks + 1}[round]
+		}
+		m, calls, read = reads(prompt(7, uint32(3+round)<<24))
+		if best, n := longest(m); best != sysBlocks || n != nEP {
+			t.Fatalf("partial %d: %+v, want %d runs of %d", round, m, nEP, sysBlocks)
+		}
+		if read > maxRead {
+			t.Errorf("partial %d: %d keys or fields read (commands %v), want at most %d", round, read, calls, maxRead)
+		}
+	}
+	// The whole prompt is still found whole.
+	m, _, _ = reads(full)
+	if best, n := longest(m); best != 128 || n != nEP-2 || len(m) != nEP {
+		t.Fatalf("hit: %+v", m)
+	}
+}
+
+// TestRedisMatchWindowsAgreeWithMemory checks that Match's windowed reads (and their memo of each block 0's
+// runs) stay exact while the entries change under them: random adds and removes of block ranges of
+// prompts sharing three system prompts, on four endpoints and both tiers, each followed by Matches of
+// random prompts through two Redis indexes on one redis-server (the writer and another gateway, each with
+// its own memo) and the memory index; all three must agree.
+func TestRedisMatchWindowsAgreeWithMemory(t *testing.T) {
+	for _, layout := range []int{1, 2} {
+		t.Run("Layout"+strconv.Itoa(layout), func(t *testing.T) { windowsAgree(t, layout) })
+	}
+}
+
+func windowsAgree(t *testing.T, layout int) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	prefix := freshPrefix()
+	a, err := kvstore.NewRedisIndex(srv.Client(t), kvstore.RedisConfig{Prefix: prefix, IndexLayout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := kvstore.NewRedisIndex(srv.Client(t), kvstore.RedisConfig{Prefix: prefix, IndexLayout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	mem := kvstore.NewMemoryIndex(kvstore.MemoryConfig{})
+	h := kvstore.Hasher{Seed: 5}
+	const nBlocks = 60
+	var chains [][]kvstore.BlockKey
+	for s := range 3 {
+		for p := range 4 {
+			toks := make([]uint32, nBlocks*16)
+			for i := range toks {
+				toks[i] = uint32(s)
+				if i >= (1+2*s)*16 { // system prompts of 1, 3 and 5 blocks
+					toks[i] = uint32(1000*s + 100*p + i)
+				}
+			}
+			chains = append(chains, h.Keys(toks, 16, kvstore.ExtraKeys{}))
+		}
+	}
+	// Every endpoint is in layout 2's registry before b's first Match (b caches the registry for a second:
+	// an endpoint new to the model is seen by other gateways within it, by design).
+	for e := range 4 {
+		u := kvstore.Update{Endpoint: kvstore.EndpointID("e" + strconv.Itoa(e)), Tier: kvstore.TierGPU,
+			Keys: []kvstore.BlockKey{kvstore.BlockKey(e + 1)}}
+		if err := a.Apply(ctx, "m", []kvstore.Update{u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := uint64(12345)
+	next := func(n int) int {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return int(rng % uint64(n))
+	}
+	sorted := func(m []kvstore.EndpointMatch) []kvstore.EndpointMatch {
+		out := slices.Clone(m)
+		slices.SortFunc(out, func(x, y kvstore.EndpointMatch) int { return strings.Compare(string(x.Endpoint), string(y.Endpoint)) })
+		return out
+	}
+	for step := range 400 {
+		ks := chains[next(len(chains))]
+		lo := next(nBlocks)
+		if next(3) == 0 {
+			lo = 0
+		}
+		hi := min(nBlocks, lo+1+next(40))
+		fams := make([]kvstore.Family, hi-lo)
+		for i := range fams {
+			fams[i] = kvstore.FamilyOf(ks[0])
+		}
+		u := kvstore.Update{Endpoint: kvstore.EndpointID("e" + strconv.Itoa(next(4))), Tier: kvstore.Tier(1 + next(2)),
+			Remove: next(3) == 0, Keys: ks[lo:hi], Families: fams}
+		if err := a.Apply(ctx, "m", []kvstore.Update{u}); err != nil {
+			t.Fatal(err)
+		}
+		if err := mem.Apply(ctx, "m", []kvstore.Update{u}); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			q := chains[next(len(chains))]
+			q = q[:1+next(len(q))]
+			want, _ := mem.Match(ctx, "m", q)
+			for i, idx := range []*kvstore.RedisIndex{a, b} {
+				got, err := idx.Match(ctx, "m", q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(sorted(got), sorted(want)) {
+					t.Fatalf("step %d, index %d: Match of %d blocks = %+v, memory %+v", step, i, len(q), sorted(got), sorted(want))
+				}
+			}
+		}
 	}
 }

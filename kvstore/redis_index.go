@@ -168,11 +168,17 @@ func (r *RedisIndex) blockKeys(model string, head []string, keys []BlockKey, pre
 // matchChunk is the most block keys one MGET of Match asks for.
 const matchChunk = 4000
 
-// Match implements Index. A prompt whose block 0 nobody holds costs one lookup: on one server block 0 is
-// read first (GET, pipelined with TIME), and only when it is held are the other blocks read (MGETs of 4,000
-// keys, a second round trip); on Redis Cluster, where TIME would go to a random node, one EVALSHA reads the
-// clock, block 0, then the rest in chunks on the model's master, stopping after the first chunk that ends
-// in a missing block.
+// matchProbe is how many blocks after block 0 Match reads on one server when it has no memo of the
+// prompt's block 0, before it reads the rest (only if a run goes on to the last of them).
+const matchProbe = 16
+
+// Match implements Index. On one server it reads only the blocks up to the end of the longest run (and
+// the block that ends it): a prompt whose block 0 nobody holds costs one GET; otherwise, with no memo of
+// the prompt's block 0, the next 16 blocks, then the rest only if a run goes on to the 16th; with a memo
+// (the longest run this index's last Match of the same block 0 found) block 0 up to that run's end and
+// the block after it in the first round trip. On Redis Cluster, where TIME would go to a random node, one
+// EVALSHA reads the clock, block 0, then the rest in chunks on the model's master, stopping after the
+// first chunk that ends in a missing block.
 func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	if len(keys) == 0 || model == "" {
 		return nil, nil
@@ -192,7 +198,10 @@ func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) (
 	var vals []any
 	var err error
 	if r.single {
-		now, vals, err = r.matchPipelined(ctx, names, local != nil)
+		if local == nil {
+			localAt = nil
+		}
+		now, vals, err = r.matchPipelined(ctx, model, keys[0], names, localAt)
 	} else {
 		now, vals, err = r.matchScript(ctx, names, local != nil)
 	}
@@ -213,7 +222,15 @@ func (r *RedisIndex) Match(ctx context.Context, model string, keys []BlockKey) (
 			}
 		}
 	}
-	return matchRuns(now, vals)
+	out, err := matchRuns(now, vals)
+	if err == nil && r.single {
+		longest := 0
+		for _, m := range out {
+			longest = max(longest, m.GPUBlocks+m.CPUBlocks)
+		}
+		r.v1SetRun(model, keys[0], longest)
+	}
+	return out, err
 }
 
 // matchScript is Match's read on Redis Cluster: one EVALSHA on the model's master (ARGV[1] "all": read on
@@ -239,47 +256,151 @@ func (r *RedisIndex) matchScript(ctx context.Context, names []string, all bool) 
 }
 
 // matchPipelined is Match's read on one server, without a script (the values cross no Lua boundary, which
-// costs about as much Redis CPU as the MGET itself): GET of block 0 and TIME in one pipeline, then, if block
-// 0 is held (or all is set), MGETs of the other blocks. The clock is read right beside the blocks, in the
-// same single-threaded server; only speculative expiry depends on it. It returns the server time (ms) and
-// the blocks' values (string or nil), possibly cut off after a chunk that ends in a missing block.
-func (r *RedisIndex) matchPipelined(ctx context.Context, names []string, all bool) (int64, []any, error) {
-	p := r.c.Pipeline()
-	first := p.Get(ctx, names[0])
-	tm := p.Time(ctx)
-	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+// costs about as much Redis CPU as the MGET itself), in windows of blocks from block 0 (Match says which),
+// each window one round trip, until no run goes on past the last block read (localAt, unless nil, gives
+// the shared records' holds at a server time, which continue runs too). TIME is pipelined with the first
+// window that may find a hold: not with a lone GET of block 0 (a miss is one command); then the clock is
+// read a round trip after block 0, which only speculative expiry depends on (holds in Redis last ≥ 30 s).
+// It returns the server time (ms; 0 when the clock was not needed: block 0 not held) and the blocks'
+// values (string or nil) in prompt order, cut off after the window in which every run ended.
+func (r *RedisIndex) matchPipelined(ctx context.Context, model string, k0 BlockKey, names []string, localAt func(int64) []string) (int64, []any, error) {
+	n := len(names)
+	hi := 1
+	if run := r.v1RunOf(model, k0); run > 0 {
+		hi = min(n, run+1)
 	}
-	if err := tm.Err(); err != nil {
-		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
-	}
-	now := tm.Val().UnixMilli()
-	vals := []any{nil}
-	switch err := first.Err(); {
-	case err == nil:
-		vals[0] = first.Val()
-	case !errors.Is(err, redis.Nil):
-		return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
-	case !all: // nobody holds block 0
-		return now, vals, nil
-	}
-	if rest := names[1:]; len(rest) > 0 {
+	var now int64
+	timed := false
+	var vals []any
+	windows := 0
+	read := func(lo, hi int, withTime bool) error {
 		p := r.c.Pipeline()
-		gets := make([]*redis.SliceCmd, 0, (len(rest)+matchChunk-1)/matchChunk)
-		for i := 0; i < len(rest); i += matchChunk {
-			gets = append(gets, p.MGet(ctx, rest[i:min(i+matchChunk, len(rest))]...))
+		var tm *redis.TimeCmd
+		if withTime {
+			tm = p.Time(ctx)
 		}
-		if _, err := p.Exec(ctx); err != nil {
-			return 0, nil, fmt.Errorf("kvstore: redis match: %w", err)
+		var first *redis.StringCmd
+		var gets []*redis.SliceCmd
+		if hi-lo == 1 && lo == 0 {
+			first = p.Get(ctx, names[0])
+		} else {
+			for i := lo; i < hi; i += matchChunk {
+				gets = append(gets, p.MGet(ctx, names[i:min(i+matchChunk, hi)]...))
+			}
+		}
+		if err := execRound(ctx, r.c, p); err != nil && !errors.Is(err, redis.Nil) { // the first, in a SharedRound
+			return fmt.Errorf("kvstore: redis match: %w", err)
+		}
+		if tm != nil {
+			if err := tm.Err(); err != nil {
+				return fmt.Errorf("kvstore: redis match: %w", err)
+			}
+			now, timed = tm.Val().UnixMilli(), true
+		}
+		if first != nil {
+			switch err := first.Err(); {
+			case err == nil:
+				vals = append(vals, first.Val())
+			case errors.Is(err, redis.Nil):
+				vals = append(vals, nil)
+			default:
+				return fmt.Errorf("kvstore: redis match: %w", err)
+			}
 		}
 		for _, g := range gets {
-			if !all && vals[len(vals)-1] == nil {
-				break // the runs end before this chunk
+			if err := g.Err(); err != nil {
+				return fmt.Errorf("kvstore: redis match: %w", err)
 			}
 			vals = append(vals, g.Val()...)
 		}
+		return nil
+	}
+	// goesOn tells whether a run may go on past the blocks read: held through the last of them (before the
+	// clock is read: every block read has a value or a shared record).
+	goesOn := func() (bool, error) {
+		if len(vals) >= n {
+			return false, nil
+		}
+		var local []string
+		if localAt != nil {
+			local = localAt(now)
+		}
+		merged := vals
+		if local != nil {
+			merged = make([]any, len(vals))
+			for i, v := range vals {
+				s, _ := v.(string)
+				merged[i] = local[i] + s
+			}
+		}
+		if !timed {
+			for _, v := range merged {
+				if s, _ := v.(string); s == "" {
+					return false, nil
+				}
+			}
+			return true, nil
+		}
+		runs, err := matchRuns(now, merged)
+		if err != nil {
+			return false, err
+		}
+		for _, m := range runs {
+			if m.GPUBlocks+m.CPUBlocks == len(vals) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	if err := read(0, hi, hi > 1 || n == 1 || localAt != nil); err != nil {
+		return 0, nil, err
+	}
+	if hi > 1 {
+		windows++
+	}
+	for {
+		more, err := goesOn()
+		if err != nil {
+			return 0, nil, err
+		}
+		if !more {
+			break
+		}
+		lo, hi := len(vals), n
+		if windows == 0 {
+			hi = min(n, lo+matchProbe)
+		}
+		if err := read(lo, hi, !timed); err != nil {
+			return 0, nil, err
+		}
+		windows++
 	}
 	return now, vals, nil
+}
+
+// v1MaxRuns bounds the block-0 keys whose longest run Match remembers on layout 1 (emptied when full).
+const v1MaxRuns = 1 << 16
+
+// v1RunOf returns the longest run this index's last layout-1 Match of block 0 key k0 under model found
+// (0: none remembered). Only a guess of how far to read in the first round trip.
+func (r *RedisIndex) v1RunOf(model string, k0 BlockKey) int {
+	r.emu.Lock()
+	defer r.emu.Unlock()
+	return r.runs1[recKey{model, k0}]
+}
+
+func (r *RedisIndex) v1SetRun(model string, k0 BlockKey, run int) {
+	r.emu.Lock()
+	defer r.emu.Unlock()
+	rk := recKey{model, k0}
+	if run == 0 {
+		delete(r.runs1, rk)
+		return
+	}
+	if r.runs1 == nil || len(r.runs1) >= v1MaxRuns {
+		r.runs1 = map[recKey]int{}
+	}
+	r.runs1[rk] = run
 }
 
 // matchRuns computes the prefix runs from the blocks' values (string, or nil for a missing block) in

@@ -37,6 +37,9 @@ const (
 	indexLayoutMarker = "index-layout"
 	// v2ReadChunk is the most blocks one HMGET of Match reads (two fields each).
 	v2ReadChunk = 512
+	// v2ProbeBlocks is how many blocks after block 0 Match reads of a holder it did not expect, before it
+	// reads the rest of the prompt (only if the holder's run goes on to the last of them).
+	v2ProbeBlocks = 16
 	// v2WriteChunk is the most fields one HSET or HDEL of a write carries.
 	v2WriteChunk = 256
 	// v2ScanCount is the HSCAN COUNT of one clear or demote slice.
@@ -261,14 +264,17 @@ func (r *RedisIndex) forgetEndpoint(model string, ep EndpointID) {
 	delete(r.eps, model)
 }
 
-// matchV2 is Match on layout 2: all reads in the slot of keys[0]'s family. Round 1 pipelines TIME and, per
-// candidate (registered endpoints and the shared records' holders of block 0), one HMGET of the HASH's
-// holds marker and block 0's two fields; for a candidate believed to hold block 0 (a live shared record of
-// it, or this index's last Match of the same block 0: v2Hints) the same HMGET also reads the other blocks'
-// tier fields, and their hold fields when the HASH had holds then. Round 2 (only when round 1 found a
-// holder it had not read whole) reads what is missing: the other blocks' fields of a holder it did not
-// expect, or their hold fields when the HASH carries the holds marker. So an unseen prompt costs one key
-// lookup per candidate, and a repeated one one round trip and one lookup per holder.
+// matchV2 is Match on layout 2: all reads in the slot of keys[0]'s family, and of each holder only the
+// blocks up to the end of its run (plus the block that ends it). Round 1 pipelines TIME and, per candidate
+// (registered endpoints and the shared records' holders of block 0), one HMGET of the HASH's holds marker
+// and block 0's two fields; for a candidate expected to hold block 0 (this index's last Match of the same
+// block 0 found it: v2Hints, or a live shared record of it) the same HMGET also reads the next blocks up to
+// the end of the run it had then (or the shared records' run), and the block after it: their tier fields,
+// and their hold fields when the HASH had holds then. A later round reads on only for a holder whose run
+// is still going at the end of what was read: v2ProbeBlocks more blocks of a holder read only at block 0,
+// then the rest of the prompt. So an unseen prompt costs one key lookup per candidate; a prompt whose
+// runs end where they ended last time one round trip; and a new prompt behind a known system prompt reads
+// each holder's system prompt and one block more, not the whole prompt.
 func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey) ([]EndpointMatch, error) {
 	fam := FamilyOf(keys[0])
 	eps, err := r.v2Endpoints(ctx, model)
@@ -291,6 +297,13 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		}
 		return false
 	}
+	busRun := func(ep EndpointID) int { // blocks from block 0 the shared records hold for ep
+		i := 0
+		for i < len(keys) && busHolds(i, ep) {
+			i++
+		}
+		return i
+	}
 	cands := eps
 	if bus != nil && len(bus[0]) > 0 { // holders known only from the shared records are read too
 		cands = append([]EndpointID(nil), eps...)
@@ -306,16 +319,18 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 	hints := r.v2HintsOf(model, keys[0])
 	n := len(keys)
 	type run struct {
-		ep         EndpointID
-		hk         string
-		tiersRead  bool // tier fields of keys[1:] in round 1
-		holdsRead  bool // hold fields of keys[1:] in round 1
-		marked     bool // the HASH carries the holds marker
-		tiers      []byte
-		live       []bool
-		cmd1, cmd2 []*redis.SliceCmd
-		tiers2     bool // round 2 reads tier fields of keys[1:]
-		holds2     bool // round 2 reads hold fields of keys[1:]
+		ep      EndpointID
+		hk      string
+		marked  bool // the HASH carries the holds marker
+		read    int  // blocks [0, read) are known: tier fields, and hold fields when marked
+		end     int  // the run's end within [0, read): the first block not held, or read
+		windows int  // reads past block 0 so far
+		tiers   []byte
+		live    []bool
+		cmds    []*redis.SliceCmd
+		lo, hi  int  // the window being read: blocks [lo, hi)
+		holdsQ  bool // its hold fields are read
+		hold0   any  // block 0's hold field, kept to be judged when round 1 did not read the clock
 	}
 	// hmget queues HMGETs of fields (split every 2*v2ReadChunk fields) on hk.
 	hmget := func(p redis.Pipeliner, hk string, fields []string) []*redis.SliceCmd {
@@ -325,30 +340,26 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		}
 		return cmds
 	}
-	// rest returns the fields of keys[1:]: per block its tier field, its hold field, or both.
-	rest := func(fields []string, tiers, holds bool) []string {
-		for _, k := range keys[1:] {
-			if tiers {
-				fields = append(fields, keyField(k))
-			}
+	// window appends the fields of blocks [lo, hi): per block its tier field, and its hold field if holds.
+	window := func(fields []string, lo, hi int, holds bool) []string {
+		for _, k := range keys[lo:hi] {
+			fields = append(fields, keyField(k))
 			if holds {
 				fields = append(fields, holdField(k))
 			}
 		}
 		return fields
 	}
-	// fill reads the values of rest(tiers, holds) from vals into rn.
-	fill := func(rn *run, vals []any, tiers, holds bool, now int64) {
+	// fill reads the values of window(lo, hi, holds) from vals into rn.
+	fill := func(rn *run, vals []any, lo, hi int, holds bool, now int64) {
 		o := 0
-		for i := 1; i < n; i++ {
-			if tiers {
-				if o < len(vals) {
-					if s, ok := vals[o].(string); ok && len(s) == 1 {
-						rn.tiers[i] = s[0] & 3
-					}
+		for i := lo; i < hi; i++ {
+			if o < len(vals) {
+				if s, ok := vals[o].(string); ok && len(s) == 1 {
+					rn.tiers[i] = s[0] & 3
 				}
-				o++
 			}
+			o++
 			if holds {
 				if o < len(vals) {
 					if s, ok := vals[o].(string); ok {
@@ -358,6 +369,16 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 					}
 				}
 				o++
+			}
+		}
+	}
+	// ends sets rn.end: the first block of [0, rn.read) that rn.ep does not hold, or rn.read.
+	ends := func(rn *run) {
+		rn.end = rn.read
+		for i := 0; i < rn.read; i++ {
+			if rn.tiers[i]&3 == 0 && !rn.live[i] && !busHolds(i, rn.ep) {
+				rn.end = i
+				return
 			}
 		}
 	}
@@ -371,29 +392,38 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		}
 		return vs
 	}
-	// Round 1.
+	// Round 1. TIME only when a hold may be judged here: not for a lone block 0 of a longer prompt (a miss
+	// is then HMGETs only; a hold of block 0 is judged at the next round's clock, a round trip later).
 	p := r.c.Pipeline()
-	tm := p.Time(ctx)
 	runs := make([]*run, len(cands))
+	timed := n == 1
 	for j, ep := range cands {
-		h, hinted := hints[ep]
-		rn := &run{ep: ep, hk: r.v2Hash(model, fam, ep)}
+		h := hints[ep]
+		rn := &run{ep: ep, hk: r.v2Hash(model, fam, ep), lo: 1, hi: 1}
 		fields := []string{v2HoldsField, keyField(keys[0]), holdField(keys[0])}
-		if n > 1 && (hinted || busHolds(0, ep)) {
-			rn.tiersRead, rn.holdsRead = true, h.holds
-			fields = rest(fields, true, h.holds)
+		if want := max(h.run, busRun(ep)); want > 0 && n > 1 {
+			rn.hi, rn.holdsQ = min(n, want+1), h.holds
+			fields = window(fields, 1, rn.hi, rn.holdsQ)
+			timed = true
 		}
-		rn.cmd1 = hmget(p, rn.hk, fields)
+		rn.cmds = hmget(p, rn.hk, fields)
 		runs[j] = rn
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	var tm *redis.TimeCmd
+	if timed {
+		tm = p.Time(ctx)
+	}
+	if err := execRound(ctx, r.c, p); err != nil { // with the in-flight read, in a SharedRound
 		return nil, fmt.Errorf("kvstore: redis match: %w", err)
 	}
-	now := tm.Val().UnixMilli()
+	var now int64 // 0 until the clock is read: every hold counts as live meanwhile
+	if tm != nil {
+		now = tm.Val().UnixMilli()
+	}
 	var held []*run
-	var again bool
 	for _, rn := range runs {
-		vs := vals(rn.cmd1)
+		vs := vals(rn.cmds)
+		rn.cmds = nil
 		if len(vs) < 3 {
 			continue
 		}
@@ -403,47 +433,76 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 			continue
 		}
 		rn.tiers, rn.live = make([]byte, n), make([]bool, n)
-		rn.tiers[0], rn.live[0] = t, live
-		if rn.tiersRead {
-			fill(rn, vs[3:], true, rn.holdsRead, now)
+		rn.tiers[0], rn.live[0], rn.hold0 = t, live, vs[2]
+		rn.read = 1
+		if rn.hi > 1 {
+			rn.windows = 1
+			if rn.holdsQ || !rn.marked { // else the hold fields of the window are missing: read again
+				fill(rn, vs[3:], 1, rn.hi, rn.holdsQ, now)
+				rn.read = rn.hi
+			}
 		}
-		rn.tiers2 = n > 1 && !rn.tiersRead
-		rn.holds2 = n > 1 && rn.marked && !rn.holdsRead
-		again = again || rn.tiers2 || rn.holds2
+		ends(rn)
 		held = append(held, rn)
 	}
 	if len(held) == 0 {
 		r.v2SetHints(model, keys[0], nil)
 		return nil, nil
 	}
-	// Round 2.
-	if again {
-		p := r.c.Pipeline()
+	// Later rounds: only holders whose run reaches the end of what was read, and only while it goes on.
+	for {
+		var p redis.Pipeliner
 		for _, rn := range held {
-			if rn.tiers2 || rn.holds2 {
-				rn.cmd2 = hmget(p, rn.hk, rest(nil, rn.tiers2, rn.holds2))
+			if rn.end < rn.read || rn.read == n {
+				continue
 			}
+			if p == nil {
+				p = r.c.Pipeline()
+			}
+			rn.lo, rn.hi, rn.holdsQ = rn.read, n, rn.marked
+			if rn.windows == 0 {
+				rn.hi = min(n, rn.read+v2ProbeBlocks)
+			}
+			rn.cmds = hmget(p, rn.hk, window(nil, rn.lo, rn.hi, rn.holdsQ))
+		}
+		if p == nil {
+			break
+		}
+		var tm *redis.TimeCmd
+		if !timed {
+			tm = p.Time(ctx)
 		}
 		if _, err := p.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("kvstore: redis match: %w", err)
 		}
+		if tm != nil {
+			now, timed = tm.Val().UnixMilli(), true
+			for _, rn := range held { // block 0's hold, judged now
+				_, rn.live[0] = parseV2([]any{nil, rn.hold0}, 0, now)
+				if rn.cmds == nil {
+					ends(rn)
+				}
+			}
+		}
 		for _, rn := range held {
-			if rn.cmd2 != nil {
-				fill(rn, vals(rn.cmd2), rn.tiers2, rn.holds2, now)
+			if rn.cmds != nil {
+				fill(rn, vals(rn.cmds), rn.lo, rn.hi, rn.holdsQ, now)
+				rn.cmds, rn.read = nil, rn.hi
+				rn.windows++
+				ends(rn)
 			}
 		}
 	}
 	out := make([]EndpointMatch, 0, len(held))
 	next := make(map[EndpointID]v2Hint, len(held))
 	for _, rn := range held {
-		next[rn.ep] = v2Hint{holds: rn.marked}
+		if rn.end == 0 {
+			continue // block 0 had only an expired hold
+		}
+		next[rn.ep] = v2Hint{holds: rn.marked, run: rn.end}
 		m := EndpointMatch{Endpoint: rn.ep}
-		for i := 0; i < n; i++ {
-			live := rn.live[i] || busHolds(i, rn.ep)
-			if rn.tiers[i]&3 == 0 && !live {
-				break
-			}
-			if rn.tiers[i]&1 != 0 || live {
+		for i := 0; i < rn.end; i++ {
+			if rn.tiers[i]&1 != 0 || rn.live[i] || busHolds(i, rn.ep) {
 				m.GPUBlocks++
 			} else {
 				m.CPUBlocks++
@@ -452,12 +511,16 @@ func (r *RedisIndex) matchV2(ctx context.Context, model string, keys []BlockKey)
 		out = append(out, m)
 	}
 	r.v2SetHints(model, keys[0], next)
+	if len(out) == 0 {
+		return nil, nil
+	}
 	return out, nil
 }
 
 // v2Hint is what Match remembers of a holder of a prompt's block 0 (v2HintsOf).
 type v2Hint struct {
 	holds bool // its family HASH carried the holds marker
+	run   int  // its run then: blocks from block 0
 }
 
 // v2MaxHints bounds the block-0 keys whose holders Match remembers (the memo is emptied when full).
@@ -1006,4 +1069,5 @@ type v2State struct {
 	emu      sync.Mutex
 	eps      map[string]v2Eps
 	hints    map[recKey]map[EndpointID]v2Hint // Match's memo of block-0 holders (v2HintsOf)
+	runs1    map[recKey]int                   // layout 1 Match's memo of block-0 runs (v1RunOf)
 }

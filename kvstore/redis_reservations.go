@@ -190,7 +190,7 @@ func (r *RedisReservations) InFlight(ctx context.Context, eps []EndpointID) (map
 	first := p.ZRangeWithScores(ctx, r.keys[1], 0, 0)
 	tm := p.Time(ctx)
 	vals := p.HMGet(ctx, r.keys[0], fields...)
-	if _, err := p.Exec(ctx); err == nil {
+	if err := execRound(ctx, r.c, p); err == nil { // with Match's first read, in a SharedRound
 		fs := first.Val()
 		if len(fs) == 0 || int64(fs[0].Score) > tm.Val().UnixMilli()+plainReadMargin(r.c) {
 			for i, ep := range eps {

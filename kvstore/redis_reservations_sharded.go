@@ -190,7 +190,7 @@ func (r *ShardedRedisReservations) inFlightPlain(ctx context.Context, eps []Endp
 		firsts[i] = p.ZRangeWithScores(ctx, keys[1], 0, 0)
 		vals[i] = p.HMGet(ctx, keys[0], "r:"+string(ep), "t:"+string(ep))
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	if err := execRound(ctx, r.c, p); err != nil { // with Match's first read, in a SharedRound
 		if redis.HasErrorPrefix(err, "WRONGTYPE") {
 			return false, nil
 		}

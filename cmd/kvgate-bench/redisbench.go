@@ -64,6 +64,7 @@ type redisPhase struct {
 	RedisCPU, GatewayCP time.Duration
 	P50, P99            time.Duration
 	Commands            []cmdStat // per request
+	Reads               float64   // Redis read events processed per request (INFO stats total_reads_processed): round trips
 }
 
 // cmdStat is one INFO commandstats line divided by the phase's requests.
@@ -262,6 +263,16 @@ func (b *bench) redisPhase(ctx context.Context, rc *redis.Client, g *harness.Gat
 		return p, err
 	}
 	p.Commands = parseCommandStats(stats, float64(len(bodies)))
+	info, err := rc.Info(ctx, "stats").Result()
+	if err != nil {
+		return p, err
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "total_reads_processed:"); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			p.Reads = n / float64(len(bodies))
+		}
+	}
 	return p, nil
 }
 
@@ -479,7 +490,7 @@ func (b *bench) printRedis(phases []redisPhase, ing ingestResult, clr clearResul
 			}
 			parts = append(parts, fmt.Sprintf("%s %.1f× %.0f µs", c.Name, c.Calls, c.Use))
 		}
-		fmt.Fprintf(b.out, "  %s, per request (%.1f commands): %s\n", p.Name, calls, strings.Join(parts, ", "))
+		fmt.Fprintf(b.out, "  %s, per request (%.1f commands, %.1f Redis reads): %s\n", p.Name, calls, p.Reads, strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(b.out, "ingestion (replay of the fresh phase's %d recorded event batches, %d blocks): %.2f µs Redis CPU per block (≤ %s %s), %.0f k blocks/s wall\n",
 		ing.Batches, ing.Blocks, float64(ing.PerBlock.Nanoseconds())/1e3, us(targetIngestPerBlk), verdict(ing.PerBlock <= targetIngestPerBlk),

@@ -333,10 +333,18 @@ func (r *Router) Plan(ctx context.Context, m *Model, lora string, req Request, b
 	if err != nil {
 		return nil, err
 	}
-	// The match and the in-flight leases for the snapshot: on a remote store the two round trips run
-	// concurrently (the in-flight read starts first, in its own goroutine).
-	inflight := r.readInFlight(ctx, ids)
-	r.match(ctx, m, p)
+	// The match and the in-flight leases for the snapshot: on a remote store the two calls run
+	// concurrently (the in-flight read starts first, in its own goroutine), and on one Redis server their
+	// first round trips are one pipeline (kvstore.SharedRound; each call leaves the round when it returns,
+	// so one that sends nothing does not hold the other up).
+	ictx, mctx := ctx, ctx
+	if r.remote {
+		sr := kvstore.NewSharedRound()
+		ictx, mctx = sr.Join(ctx), sr.Join(ctx)
+	}
+	inflight := r.readInFlight(ictx, ids)
+	r.match(mctx, m, p)
+	kvstore.LeaveRound(mctx)
 	clock.end(metrics.StageMatch)
 	r.snapshot(m, lora, p, inflight())
 	clock.end(metrics.StageSnapshot)
@@ -434,6 +442,7 @@ func (r *Router) candidates(m *Model, p *Plan) ([]kvstore.EndpointID, error) {
 func (r *Router) readInFlight(ctx context.Context, ids []kvstore.EndpointID) func() map[kvstore.EndpointID]kvstore.Cost {
 	read := func() map[kvstore.EndpointID]kvstore.Cost {
 		m, _ := r.o.Reservations.InFlight(ctx, ids)
+		kvstore.LeaveRound(ctx)
 		return m
 	}
 	if !r.remote {
