@@ -90,34 +90,51 @@ func (t *connTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	addr := net.JoinHostPort(u.Hostname(), port)
 	key := u.Scheme + "://" + addr
 	trace := httptrace.ContextClientTrace(ctx)
-	pc, reused, err := t.get(ctx, key, u.Scheme == "https", u.Hostname(), addr)
-	if err != nil {
-		closeBody(req)
-		return nil, err
-	}
-	if trace != nil && trace.GotConn != nil {
-		trace.GotConn(httptrace.GotConnInfo{Conn: pc.conn, Reused: reused, WasIdle: reused})
-	}
-	conn := pc.conn
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	err = pc.write(req)
-	if trace != nil && trace.WroteRequest != nil {
-		trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
-	}
-	var resp *http.Response
-	if err == nil {
-		resp, err = readResponse(pc.br, req)
-	}
-	if err != nil {
+	for attempt := 0; ; attempt++ {
+		pc, reused, err := t.get(ctx, key, u.Scheme == "https", u.Hostname(), addr)
+		if err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		if trace != nil && trace.GotConn != nil {
+			trace.GotConn(httptrace.GotConnInfo{Conn: pc.conn, Reused: reused, WasIdle: reused})
+		}
+		conn := pc.conn
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		err = pc.write(req)
+		if trace != nil && trace.WroteRequest != nil {
+			trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
+		}
+		var resp *http.Response
+		if err == nil {
+			resp, err = readResponse(pc.br, req)
+		}
+		if err == nil {
+			resp.Body = &pconnBody{rc: resp.Body, pc: pc, t: t, ctx: ctx, stop: stop, keep: !resp.Close && !req.Close}
+			return resp, nil
+		}
 		stop()
 		conn.Close()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, err
+		// A pooled connection the engine closed while this request was sent (its idle timeout racing the
+		// reuse; MSG_PEEK cannot see a FIN that is not there yet): a request without a body and with an
+		// idempotent method is sent again on another connection, as net/http's Transport does. The scrapes
+		// and health checks are such requests; a generation (a POST) is Client.Do's to retry or not.
+		if !reused || attempt >= maxStaleRetries || !retryable(req) || !closedByPeer(err) {
+			return nil, err
+		}
 	}
-	resp.Body = &pconnBody{rc: resp.Body, pc: pc, t: t, ctx: ctx, stop: stop, keep: !resp.Close && !req.Close}
-	return resp, nil
+}
+
+// retryable: an idempotent method (RFC 9110 §9.2.2) and no body to send again.
+func retryable(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return req.Body == nil || req.Body == http.NoBody
+	}
+	return false
 }
 
 func closeBody(req *http.Request) {
