@@ -617,16 +617,8 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 		}
 		r.CompleteRanking(ctx, p)
 	}
-	ranked := make([]kvstore.Candidate, 0, len(p.Ranking))
-	order := make([]int, 0, len(p.Ranking))
-	for _, i := range p.Ranking {
-		if exclude[i] {
-			continue
-		}
-		c := p.Candidates[i]
-		ranked = append(ranked, kvstore.Candidate{Endpoint: kvstore.EndpointID(c.ID), Limits: c.Limits})
-		order = append(order, i)
-	}
+	ranked, order := rankedCandidates(p, exclude, len(p.Ranking),
+		make([]kvstore.Candidate, 0, len(p.Ranking)), make([]int, 0, len(p.Ranking)))
 	if len(ranked) == 0 {
 		return nil, fmt.Errorf("route: model %s: every candidate failed: %w", p.Model.Name, ErrNoHealthy)
 	}
@@ -666,15 +658,7 @@ func (r *Router) Reserve(ctx context.Context, p *Plan, exclude map[int]bool) (*C
 	for {
 		l, err := r.o.Reservations.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
 		if err == nil {
-			cl := &Claim{Index: order[0], ep: l.Endpoint, lease: l}
-			for k, c := range ranked {
-				if c.Endpoint == l.Endpoint {
-					cl.Index = order[k]
-					break
-				}
-			}
-			r.o.Metrics.InFlight.WithLabelValues(string(cl.ep)).Inc()
-			return cl, nil
+			return r.claimOf(l, ranked, order), nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -721,36 +705,51 @@ func (r *Router) reservePrefix(ctx context.Context, p *Plan, exclude map[int]boo
 	}
 	var buf [rankLimit]kvstore.Candidate
 	var ord [rankLimit]int
-	ranked, order := buf[:0], ord[:0]
-	for _, i := range p.Ranking {
-		if exclude[i] || len(ranked) == rankLimit {
-			continue
-		}
-		c := p.Candidates[i]
-		ranked = append(ranked, kvstore.Candidate{Endpoint: kvstore.EndpointID(c.ID), Limits: c.Limits})
-		order = append(order, i)
-	}
+	ranked, order := rankedCandidates(p, exclude, rankLimit, buf[:0], ord[:0])
 	if len(ranked) == 0 {
 		return nil, false, nil
 	}
 	l, err := r.o.Reservations.Reserve(ctx, ranked, cost, r.o.LeaseTTL)
 	switch {
 	case err == nil:
-		cl := &Claim{Index: order[0], ep: l.Endpoint, lease: l}
-		for k, c := range ranked {
-			if c.Endpoint == l.Endpoint {
-				cl.Index = order[k]
-				break
-			}
-		}
-		r.o.Metrics.InFlight.WithLabelValues(string(cl.ep)).Inc()
-		return cl, true, nil
+		return r.claimOf(l, ranked, order), true, nil
 	case ctx.Err() != nil:
 		return nil, true, ctx.Err()
 	case !errors.Is(err, kvstore.ErrNoCapacity):
 		return nil, true, fmt.Errorf("%w: %w", ErrStoreRefused, err)
 	}
 	return nil, false, nil
+}
+
+// rankedCandidates appends to ranked and order the store candidates of p.Ranking's entries not in exclude,
+// best first, at most limit of them, with each one's position in p.Candidates.
+func rankedCandidates(p *Plan, exclude map[int]bool, limit int, ranked []kvstore.Candidate, order []int) ([]kvstore.Candidate, []int) {
+	for _, i := range p.Ranking {
+		if len(ranked) == limit {
+			break
+		}
+		if exclude[i] {
+			continue
+		}
+		c := p.Candidates[i]
+		ranked = append(ranked, kvstore.Candidate{Endpoint: kvstore.EndpointID(c.ID), Limits: c.Limits})
+		order = append(order, i)
+	}
+	return ranked, order
+}
+
+// claimOf is the claim of lease l, granted over ranked (order: their positions in p.Candidates), counted
+// in flight.
+func (r *Router) claimOf(l kvstore.Lease, ranked []kvstore.Candidate, order []int) *Claim {
+	cl := &Claim{Index: order[0], ep: l.Endpoint, lease: l}
+	for k, c := range ranked {
+		if c.Endpoint == l.Endpoint {
+			cl.Index = order[k]
+			break
+		}
+	}
+	r.o.Metrics.InFlight.WithLabelValues(string(cl.ep)).Inc()
+	return cl
 }
 
 // Record counts the routed prompt and matched tokens and writes the plan's block keys as a speculative entry
