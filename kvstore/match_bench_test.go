@@ -43,26 +43,8 @@ func benchMatchShape(b *testing.B, layout int, shape string) {
 	defer idx.Close()
 	const nEP, sysBlocks = 16, 8
 	h := kvstore.Hasher{Seed: 1}
-	prompt := func(sys, tail uint32) []kvstore.BlockKey { // sysBlocks blocks of system prompt sys, then a tail
-		toks := make([]uint32, 128*16)
-		for i := range toks {
-			if i < sysBlocks*16 {
-				toks[i] = sys
-			} else {
-				toks[i] = tail + uint32(i)
-			}
-		}
-		return h.Keys(toks, 16, kvstore.ExtraKeys{})
-	}
-	add := func(ep kvstore.EndpointID, ks []kvstore.BlockKey) {
-		fams := make([]kvstore.Family, len(ks))
-		for i := range fams {
-			fams[i] = kvstore.FamilyOf(ks[0])
-		}
-		if err := idx.Apply(ctx, "m", []kvstore.Update{{Endpoint: ep, Tier: kvstore.TierGPU, Keys: ks, Families: fams}}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	prompt := func(sys, tail uint32) []kvstore.BlockKey { return sysPromptKeys(h, sysBlocks, sys, tail) }
+	add := func(ep kvstore.EndpointID, ks []kvstore.BlockKey) { addGPU(b, idx, ep, ks) }
 	// Every endpoint holds 64 prompts of its own (the fleet's other traffic), and the system prompt's blocks.
 	sys := prompt(7, 1<<30)[:sysBlocks]
 	for e := range nEP {

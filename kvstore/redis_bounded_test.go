@@ -287,6 +287,31 @@ func missStopsAtBlock0(t *testing.T, layout int, hitLookups int64) {
 	}
 }
 
+// sysPromptKeys returns the block keys (16 tokens a block) of a 128-block prompt whose first sysBlocks
+// blocks are system prompt sys (every token sys) and whose token i after them is tail+i.
+func sysPromptKeys(h kvstore.Hasher, sysBlocks int, sys, tail uint32) []kvstore.BlockKey {
+	toks := make([]uint32, 128*16)
+	for i := range toks {
+		toks[i] = sys
+		if i >= sysBlocks*16 {
+			toks[i] = tail + uint32(i)
+		}
+	}
+	return h.Keys(toks, 16, kvstore.ExtraKeys{})
+}
+
+// addGPU applies ks to idx as one GPU-tier add for ep under model "m" (every key in ks[0]'s family).
+func addGPU(tb testing.TB, idx *kvstore.RedisIndex, ep kvstore.EndpointID, ks []kvstore.BlockKey) {
+	tb.Helper()
+	fams := make([]kvstore.Family, len(ks))
+	for i := range fams {
+		fams[i] = kvstore.FamilyOf(ks[0])
+	}
+	if err := idx.Apply(context.Background(), "m", []kvstore.Update{{Endpoint: ep, Tier: kvstore.TierGPU, Keys: ks, Families: fams}}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // TestRedisMatchStopsAtFirstAbsentBlock counts what Match asks a real redis-server for (INFO commandstats
 // after CONFIG RESETSTAT, and every command's arguments from a SLOWLOG logging all commands), with 16
 // endpoints under the model, each holding an 8-block system prompt and prompts of its own, and two of them
@@ -315,25 +340,8 @@ func stopsAtFirstAbsent(t *testing.T, layout int) {
 	defer idx.Close()
 	const nEP, sysBlocks = 16, 8
 	h := kvstore.Hasher{Seed: 3}
-	prompt := func(sys, tail uint32) []kvstore.BlockKey {
-		toks := make([]uint32, 128*16)
-		for i := range toks {
-			toks[i] = sys
-			if i >= sysBlocks*16 {
-				toks[i] = tail + uint32(i)
-			}
-		}
-		return h.Keys(toks, 16, kvstore.ExtraKeys{})
-	}
-	add := func(ep kvstore.EndpointID, ks []kvstore.BlockKey) {
-		fams := make([]kvstore.Family, len(ks))
-		for i := range fams {
-			fams[i] = kvstore.FamilyOf(ks[0])
-		}
-		if err := idx.Apply(ctx, "m", []kvstore.Update{{Endpoint: ep, Tier: kvstore.TierGPU, Keys: ks, Families: fams}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	prompt := func(sys, tail uint32) []kvstore.BlockKey { return sysPromptKeys(h, sysBlocks, sys, tail) }
+	add := func(ep kvstore.EndpointID, ks []kvstore.BlockKey) { addGPU(t, idx, ep, ks) }
 	ep := func(i int) kvstore.EndpointID { return kvstore.EndpointID("ep" + strconv.Itoa(i)) }
 	for e := range nEP {
 		add(ep(e), prompt(uint32(100+e), uint32(e)<<16))
