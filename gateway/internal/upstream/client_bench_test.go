@@ -50,16 +50,17 @@ func BenchmarkClientHop(b *testing.B) {
 		}
 		b.ReportMetric(float64(processCPU()-c0)/float64(b.N), "cpu-ns/op")
 	}
+	post := func(b *testing.B, c *Client) {
+		resp, err := c.Do(context.Background(), Request{BaseURL: base, Path: "/v1/chat/completions", Body: body, Header: hdr})
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
 	b.Run("upstream.Client", func(b *testing.B) {
 		c := NewWithOptions(Options{ConnectTimeout: 5 * time.Second, IdleTimeout: time.Minute})
-		run(b, func() {
-			resp, err := c.Do(context.Background(), Request{BaseURL: base, Path: "/v1/chat/completions", Body: body, Header: hdr})
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		})
+		run(b, func() { post(b, c) })
 	})
 	b.Run("upstream.Client/net-http-Transport", func(b *testing.B) {
 		c := NewWithOptions(Options{ConnectTimeout: 5 * time.Second, IdleTimeout: time.Minute})
@@ -72,14 +73,7 @@ func BenchmarkClientHop(b *testing.B) {
 			WriteBufferSize:     64 << 10,
 			ReadBufferSize:      32 << 10,
 		}}
-		run(b, func() {
-			resp, err := c.Do(context.Background(), Request{BaseURL: base, Path: "/v1/chat/completions", Body: body, Header: hdr})
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		})
+		run(b, func() { post(b, c) })
 	})
 	b.Run("net/http", func(b *testing.B) {
 		hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
