@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -159,10 +160,18 @@ func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 // write writes req's request line, headers and body, and flushes.
 func (pc *pconn) write(req *http.Request) (err error) {
 	defer closeBody(req)
-	var body []byte
+	// A body of known length (Client's, a bytes.Reader) is copied straight into the connection's buffer;
+	// only one of unknown length is read into memory first, to send its Content-Length.
+	var body io.Reader
+	size := req.ContentLength
 	if req.Body != nil && req.Body != http.NoBody {
-		if body, err = io.ReadAll(req.Body); err != nil {
-			return err
+		body = req.Body
+		if size <= 0 {
+			b, err := io.ReadAll(req.Body)
+			if err != nil {
+				return err
+			}
+			body, size = bytes.NewReader(b), int64(len(b))
 		}
 	}
 	w := pc.bw
@@ -209,11 +218,19 @@ func (pc *pconn) write(req *http.Request) (err error) {
 	}
 	if body != nil || (method != http.MethodGet && method != http.MethodHead) {
 		w.WriteString("Content-Length: ")
-		w.WriteString(strconv.Itoa(len(body)))
+		w.WriteString(strconv.FormatInt(max(size, 0), 10))
 		w.WriteString("\r\n")
 	}
 	w.WriteString("\r\n")
-	w.Write(body)
+	if body != nil {
+		n, err := io.Copy(w, body)
+		if err != nil {
+			return err
+		}
+		if n != size {
+			return fmt.Errorf("upstream: request body of %d bytes, Content-Length %d", n, size)
+		}
+	}
 	return w.Flush()
 }
 
