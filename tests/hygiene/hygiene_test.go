@@ -23,11 +23,14 @@ import (
 
 const module = "github.com/kvgate/kvgate"
 
+// buildOutput reports the gitignored directories that `make run`, `make policies` and the benches write
+// at the root (bin/, bench-out/): on disk after a build, never part of the repository.
+func buildOutput(name string) bool { return name == "bin" || name == "bench-out" }
+
 // skipDir reports directories that hold no source of this module: hidden ones (.git, .cache), installed
 // packages, build output, and deploy/ (its own module).
 func skipDir(name string) bool {
-	return strings.HasPrefix(name, ".") || name == "node_modules" || name == "bin" || name == "bench-out" ||
-		name == "deploy"
+	return strings.HasPrefix(name, ".") || name == "node_modules" || buildOutput(name) || name == "deploy"
 }
 
 // repoFiles returns the repository's files (slash-separated, relative to the root) whose names end in ext,
@@ -215,9 +218,8 @@ func newPathChecker(t *testing.T, root string) *pathChecker {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		// Build output (bin/, bench-out/: gitignored, present after `make run` or a bench) is not the
-		// repository: a doc naming bin/kvgate is not naming a file that must exist.
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && e.Name() != "bin" && e.Name() != "bench-out" {
+		// Build output is not the repository: a doc naming bin/kvgate is not naming a file that must exist.
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && !buildOutput(e.Name()) {
 			c.tops[e.Name()] = true
 		}
 	}
