@@ -78,10 +78,12 @@ type Index interface {
 	// to ep's own entries (an endpoint removed from the fleet).
 	ClearEndpoint(ctx context.Context, model string, ep EndpointID) error
 	// ClearConfirmed drops ep's confirmed entries under model (both tiers: everything Add wrote) and keeps
-	// its live speculative entries (Record), at a cost proportional to ep's own confirmed entries. Ingestion
-	// calls it whenever it must forget what an engine reported (a new ingester taking over the endpoint,
-	// AllBlocksCleared, an engine restart, lost events): speculative entries are the gateways' record of
-	// what they just routed, not the engine's, and expire on their own TTL.
+	// its live speculative entries (Record) that expire within ClearKeepsHoldsWithin of now, at a cost
+	// proportional to ep's own entries. Ingestion calls it whenever it must forget what an engine reported
+	// (a new ingester taking over the endpoint, AllBlocksCleared, an engine restart, lost events): short
+	// speculative entries are the gateways' record of what they just routed, not the engine's, and expire
+	// on their own TTL. Longer holds (a routed hit's refresh, Demote's unconfirmed entries) stand for what
+	// the engine held before, so they go too.
 	ClearConfirmed(ctx context.Context, model string, ep EndpointID) error
 	// Apply applies updates of one model in order, with the same effect as calling Add and Remove one by
 	// one, but on remote backends in one round trip (Redis: one pipelined script per update). Ingestion
@@ -90,6 +92,13 @@ type Index interface {
 	// same updates is safe (set semantics).
 	Apply(ctx context.Context, model string, updates []Update) error
 }
+
+// ClearKeepsHoldsWithin bounds the speculative holds ClearConfirmed keeps: those expiring at most this long
+// after the clear (the router's speculative_ttl is 2 s; the shared records of a Redis store are at most
+// DefaultSharedRecordMaxTTL, the same 30 s). Holds that last longer are a routed hit's refresh or a demoted
+// entry (index_unconfirmed_ttl, 5 min): what the engine held before, which its clear says is gone.
+// RATIONALE.md, "Why does ingestion clear only confirmed entries (ClearConfirmed)?".
+const ClearKeepsHoldsWithin = 30 * time.Second
 
 // Demoter is implemented by both index backends (an optional interface beside Index, like Batcher).
 type Demoter interface {

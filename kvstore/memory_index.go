@@ -511,7 +511,8 @@ func (m *MemoryIndex) ClearEndpoint(_ context.Context, model string, ep Endpoint
 }
 
 // ClearConfirmed implements Index. Like ClearEndpoint it visits only the keys on ep's reverse lists; it
-// clears their tier bits and keeps live speculative holds (expired ones go too).
+// clears their tier bits and keeps live speculative holds that expire within ClearKeepsHoldsWithin
+// (expired and longer ones go too).
 func (m *MemoryIndex) ClearConfirmed(_ context.Context, model string, ep EndpointID) error {
 	if err := checkNames("clear confirmed", model, ep); err != nil {
 		return err
@@ -521,6 +522,7 @@ func (m *MemoryIndex) ClearConfirmed(_ context.Context, model string, ep Endpoin
 		return nil
 	}
 	now := m.now().UnixNano()
+	keepTo := now + int64(ClearKeepsHoldsWithin)
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
@@ -531,8 +533,8 @@ func (m *MemoryIndex) ClearConfirmed(_ context.Context, model string, ep Endpoin
 					continue
 				}
 				b := bitGPU | bitCPU
-				if s.spec.get(ik, hid) <= now {
-					b = bitMask // no live speculative hold: drop the holder entirely
+				if exp := s.spec.get(ik, hid); exp <= now || exp > keepTo {
+					b = bitMask // no live short speculative hold: drop the holder entirely
 				}
 				s.clearBits(p, hid, b)
 			}

@@ -653,8 +653,9 @@ func (r *RedisIndex) clearEndpoint(ctx context.Context, f *Fence, model string, 
 	return nil
 }
 
-// ClearConfirmed implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting only the
-// blocks on ep's reverse set; its speculative ZSET and live speculative holds stay.
+// ClearConfirmed implements Index, in slices of clearSlice blocks (one EVALSHA each), visiting the blocks on
+// ep's reverse set, then the holds of its speculative ZSET that last longer than ClearKeepsHoldsWithin;
+// live holds within that bound (and their ZSET members) stay.
 func (r *RedisIndex) ClearConfirmed(ctx context.Context, model string, ep EndpointID) error {
 	return r.clearConfirmed(ctx, nil, model, ep)
 }
@@ -666,7 +667,8 @@ func (r *RedisIndex) clearConfirmed(ctx context.Context, f *Fence, model string,
 	mode := r.layoutNow(ctx)
 	if mode != modeV2 {
 		mp := r.modelPrefix(model)
-		s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep)}, []any{string(ep), mp + "b:", clearSlice})
+		s, names, args := r.fencedCall(model, f, scriptIndexClearConfirmed, []string{mp + "e:" + string(ep), mp + "s:" + string(ep)},
+			[]any{string(ep), mp + "b:", clearSlice, ClearKeepsHoldsWithin.Milliseconds()})
 		if err := r.sliced(ctx, "clear confirmed", s, names, args); err != nil {
 			return err
 		}
@@ -674,7 +676,7 @@ func (r *RedisIndex) clearConfirmed(ctx context.Context, f *Fence, model string,
 	if mode == modeV1 {
 		return nil
 	}
-	return r.slicedV2(ctx, "clear confirmed", f, model, ep, scriptIndex2ClearConfirmed)
+	return r.slicedV2(ctx, "clear confirmed", f, model, ep, scriptIndex2ClearConfirmed, ClearKeepsHoldsWithin.Milliseconds())
 }
 
 // Demote implements Demoter, in slices of clearSlice blocks (one EVALSHA each), visiting only the blocks on

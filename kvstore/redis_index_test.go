@@ -195,7 +195,7 @@ func TestRedisLayout2SurvivesScriptFlush(t *testing.T) {
 		}
 	}
 	flushThen("record", func() error { return idx.Record(ctx, "m", "b", ks[:2], time.Minute) })
-	flushThen("demote", func() error { return idx.Demote(ctx, "m", "a", time.Minute) })
+	flushThen("demote", func() error { return idx.Demote(ctx, "m", "a", kvstore.ClearKeepsHoldsWithin/2) }) // kept by the clear
 	flushThen("clear confirmed", func() error { return idx.ClearConfirmed(ctx, "m", "a") })
 	got, err := idx.Match(ctx, "m", ks)
 	slices.SortFunc(got, func(x, y kvstore.EndpointMatch) int { return strings.Compare(string(x.Endpoint), string(y.Endpoint)) })

@@ -159,11 +159,12 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 	})
 	t.Run("ClearConfirmedKeepsSpeculative", func(t *testing.T) {
 		idx := newIndex(t)
+		short := kvstore.ClearKeepsHoldsWithin - 5*time.Second // a hold ClearConfirmed keeps
 		must(t, idx.Add(ctx, "m", "a", gpu, k[:6]))
 		must(t, idx.Add(ctx, "m", "a", cpu, k[:9]))
-		must(t, idx.Record(ctx, "m", "a", k[:3], time.Minute)) // on top of confirmed blocks
+		must(t, idx.Record(ctx, "m", "a", k[:3], short)) // on top of confirmed blocks
 		must(t, idx.Add(ctx, "m", "b", gpu, k[:5]))
-		must(t, idx.Record(ctx, "m", "c", k[:4], time.Minute)) // speculative, then confirmed beyond it
+		must(t, idx.Record(ctx, "m", "c", k[:4], short)) // speculative, then confirmed beyond it
 		must(t, idx.Add(ctx, "m", "c", gpu, k[:8]))
 		must(t, idx.Add(ctx, "m2", "a", gpu, k[:5]))
 		expectMatch(t, idx, "m", k[:12], em("a", 6, 3), em("b", 5, 0), em("c", 8, 0))
@@ -192,8 +193,28 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0), em("d", 0, 7))
 		must(t, idx.ClearConfirmed(ctx, "m", "d"))
 		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0))
-		must(t, idx.Record(ctx, "m", "d", k[:1], time.Minute))
+		must(t, idx.Record(ctx, "m", "d", k[:1], short))
 		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 5, 0), em("d", 1, 0))
+	})
+	// A hold lasting longer than kvstore.ClearKeepsHoldsWithin (a routed hit's refresh, 5 min) stands for
+	// what the engine held, so the engine's clear drops it, confirmed blocks under it or not; short holds of
+	// the same endpoint stay.
+	t.Run("ClearConfirmedDropsLongHolds", func(t *testing.T) {
+		idx := newIndex(t)
+		long := kvstore.ClearKeepsHoldsWithin + time.Minute
+		must(t, idx.Add(ctx, "m", "a", gpu, k[:6]))
+		must(t, idx.Record(ctx, "m", "a", k[:4], long))  // a refresh of confirmed blocks
+		must(t, idx.Record(ctx, "m", "a", k[6:8], long)) // a long hold of blocks never confirmed
+		must(t, idx.Record(ctx, "m", "a", k[8:10], 10*time.Second))
+		must(t, idx.Record(ctx, "m", "b", k[:3], long)) // another endpoint is untouched
+		expectMatch(t, idx, "m", k[:12], em("a", 10, 0), em("b", 3, 0))
+		must(t, idx.ClearConfirmed(ctx, "m", "a"))
+		expectMatch(t, idx, "m", k[:12], em("b", 3, 0))
+		expectMatch(t, idx, "m", k[6:12])                // k[6:8] gone: nothing from k[6]
+		expectMatch(t, idx, "m", k[8:12], em("a", 2, 0)) // the short hold stays
+		// Recorded again after the clear, a long hold counts again.
+		must(t, idx.Record(ctx, "m", "a", k[:2], long))
+		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 3, 0))
 	})
 	t.Run("Speculative", func(t *testing.T) {
 		idx := newIndex(t)
@@ -237,10 +258,16 @@ func RunIndex(t *testing.T, newIndex IndexFactory) {
 		// The unconfirmed ones aged out; the re-confirmed blocks and the longer speculative hold did not.
 		expectMatch(t, idx, "m", k[:12], em("a", 2, 0), em("b", 3, 0))
 		expectMatch(t, idx, "m", k[8:12], em("a", 2, 0))
-		// ClearEndpoint still finds everything; ClearConfirmed after Demote keeps the unconfirmed holds.
+		// ClearEndpoint still finds everything; ClearConfirmed after Demote keeps the unconfirmed holds that
+		// end within kvstore.ClearKeepsHoldsWithin and drops longer ones.
 		must(t, idx.Add(ctx, "m", "c", gpu, k[:4]))
-		must(t, d.Demote(ctx, "m", "c", time.Minute))
+		must(t, d.Demote(ctx, "m", "c", 10*time.Second))
 		must(t, idx.ClearConfirmed(ctx, "m", "c"))
+		expectMatch(t, idx, "m", k[:4], em("a", 2, 0), em("b", 3, 0), em("c", 4, 0))
+		must(t, idx.Add(ctx, "m", "e", gpu, k[:4]))
+		must(t, d.Demote(ctx, "m", "e", kvstore.ClearKeepsHoldsWithin+time.Minute))
+		expectMatch(t, idx, "m", k[:4], em("a", 2, 0), em("b", 3, 0), em("c", 4, 0), em("e", 4, 0))
+		must(t, idx.ClearConfirmed(ctx, "m", "e"))
 		expectMatch(t, idx, "m", k[:4], em("a", 2, 0), em("b", 3, 0), em("c", 4, 0))
 		must(t, idx.ClearEndpoint(ctx, "m", "c"))
 		must(t, idx.ClearEndpoint(ctx, "m", "a"))

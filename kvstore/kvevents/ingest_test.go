@@ -602,7 +602,8 @@ func TestIngestKeepsSpeculative(t *testing.T) {
 			if err := idx.Add(ctx, testModel, "e0", kvstore.TierGPU, h.Keys(stale, 16, kvstore.ExtraKeys{})); err != nil {
 				t.Fatal(err)
 			}
-			if err := idx.Record(ctx, testModel, "e0", h.Keys(routed, 16, kvstore.ExtraKeys{}), time.Minute); err != nil {
+			// A router's speculative hold (ClearConfirmed keeps those that end within ClearKeepsHoldsWithin).
+			if err := idx.Record(ctx, testModel, "e0", h.Keys(routed, 16, kvstore.ExtraKeys{}), kvstore.ClearKeepsHoldsWithin/2); err != nil {
 				t.Fatal(err)
 			}
 			p := startPub(t, 0, 0)

@@ -228,7 +228,9 @@ type Options struct {
 	// HitTTL, if set, is how long a routed hit keeps the matched prefix counted on its endpoint (a Record of
 	// the matched blocks, at most once per HitTTL/4 per endpoint and prefix): vLLM announces nothing on a
 	// cache hit, so without it a hot prefix whose entries became unconfirmed (kvstore.Demoter) would age out
-	// although every request keeps it warm on the engine. The gateway sets it to index_unconfirmed_ttl.
+	// although every request keeps it warm on the engine. The gateway sets it to index_unconfirmed_ttl. The
+	// engine's own clear (AllBlocksCleared, a restart) drops these refreshes with its confirmed entries
+	// (kvstore.ClearKeepsHoldsWithin).
 	HitTTL time.Duration
 }
 
