@@ -3,6 +3,7 @@ package model
 import (
 	"hash/maphash"
 	"iter"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -13,7 +14,7 @@ import (
 )
 
 // prefixCache remembers the IDs of prompt prefixes that end at a stable added-token boundary
-// (tokenizer.SplitAdded). An entry is keyed by the prefix's length and a hash of its last keyBytes bytes;
+// (tokenizer.SplitAdded). An entry is keyed by the prefix's length and hashes of its first and last keyBytes bytes;
 // a lookup probes the token ends of a new prompt from its end backwards (tokenizer.AddedTokenEnds), so the
 // previous turn of a conversation is found after a few probes, and confirms a hit by comparing the whole
 // prefix text, so a hit is exact. An entry's IDs live in an idArena (lru.Arena) shared with the conversation's other
@@ -146,9 +147,14 @@ func (c *prefixCache) probeEnds(prompt string, addedEnds func(string, func(int) 
 	}
 }
 
-// key returns the key of prompt[:n].
+// key returns the key of prompt[:n]: its length and hashes of its first and last keyBytes bytes. The tail
+// tells a conversation's turns apart; the head, prompts of one length that share their ending (a fixed
+// instruction after a variable opening), which with the tail alone shared one key and made every lookup
+// compare against all of them.
 func (c *prefixCache) key(prompt string, n int) uint64 {
-	return maphash.String(c.seed, prompt[n-min(n, keyBytes):n]) ^ uint64(n)*0x9E3779B97F4A7C15
+	tail := maphash.String(c.seed, prompt[n-min(n, keyBytes):n])
+	head := maphash.String(c.seed, prompt[:min(n, keyBytes)])
+	return tail ^ bits.RotateLeft64(head, 29) ^ uint64(n)*0x9E3779B97F4A7C15
 }
 
 // lookup returns the cached prefix prompt[:n]: its IDs in arena, or for a branch (nil arena) its IDs as

@@ -302,3 +302,27 @@ func FuzzEncodePromptTurns(f *testing.F) {
 		}
 	})
 }
+
+// TestPrefixKeyHeadAndTail: prompts of one length that differ only in their opening (a fixed instruction
+// after a variable question) get keys of their own, so a lookup compares against its own entry only; the
+// tail alone gave them one key. A conversation's turns (same opening, other endings) differ as before.
+func TestPrefixKeyHeadAndTail(t *testing.T) {
+	c := newPrefixCache(1 << 20)
+	tail := strings.Repeat("Answer in one sentence and cite the source. ", 20)
+	seen := map[uint64]string{}
+	for i := range 1000 {
+		p := fmt.Sprintf("Question %04d: ", i) + tail
+		k := c.key(p, len(p))
+		if q, dup := seen[k]; dup {
+			t.Fatalf("%q and %q share key %x", q[:14], p[:14], k)
+		}
+		seen[k] = p
+	}
+	a, b := strings.Repeat("y", 300)+"turn one", strings.Repeat("y", 300)+"turn two"
+	if c.key(a, len(a)) == c.key(b, len(b)) {
+		t.Fatal("turns with other endings share a key")
+	}
+	if c.key(a, 300) != c.key(b, 300) {
+		t.Fatal("one prefix, two keys")
+	}
+}
