@@ -35,7 +35,7 @@ type GuardConfig struct {
 	DownLimitShare float64
 	// Timeout bounds each call on a request's path (Match, Reserve, Renew, Release, InFlight; the caller's
 	// deadline still applies when earlier): a hung store fails the call after this long and Guarded goes to
-	// store-down mode. Default 200ms.
+	// store-down mode. Default 200ms. Only with a Remote: an in-process store's calls run unbounded.
 	Timeout time.Duration
 	// ProbeInterval is how often the store is probed while down, and its epoch checked and the fleet's
 	// in-flight counters read while up (Endpoints). Default 500ms.
@@ -268,8 +268,13 @@ func (g *Guarded) ExpectedEpoch() (string, bool) {
 
 func (g *Guarded) storeUp() bool { return !g.down.Load() }
 
-// bounded returns ctx bounded by the request-path timeout.
+// bounded returns ctx bounded by the request-path timeout. An in-process store (Remote nil) gets ctx as it
+// is: its calls do no I/O that could hang, and a timer per call was ~3% of a short request's CPU on the
+// memory store (gateway/RATIONALE.md, "Where a short request's CPU goes").
 func (g *Guarded) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if g.o.Remote == nil {
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, g.o.Timeout)
 }
 
