@@ -44,6 +44,7 @@ func TestWatchSetCancelsClosedClientOnly(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("closed client's request not cancelled")
 	}
+	// The poll that cancelled the first also polled the second (both are watched on every tick).
 	if ctx2.Err() != nil {
 		t.Fatal("open client's request cancelled")
 	}
@@ -65,38 +66,4 @@ func TestWatchSetCancelsClosedClientOnly(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// BenchmarkDisconnectWatch compares a request's disconnect watch on the shared poller (watchSet.add and
-// stop) with the timer per request it replaced (every with DisconnectPoll, then stop). The per-request
-// timer's larger cost on an idle machine, the thread the runtime wakes for each new earliest timer, does
-// not show in a tight loop; see RATIONALE.md "Short requests (issue 16)".
-func BenchmarkDisconnectWatch(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	s, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	cancel := func() {}
-	b.Run("shared", func(b *testing.B) {
-		var w watchSet
-		for b.Loop() {
-			w.add(s, cancel, DisconnectPoll)()
-		}
-	})
-	b.Run("per-request-timer", func(b *testing.B) {
-		for b.Loop() {
-			every(DisconnectPoll, func() bool { closed, _ := peerClosed(s); return !closed })()
-		}
-	})
 }
