@@ -426,6 +426,24 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	return c.JSON(body)
 }
 
+// watch cancels cancel when the client connection closes; stop ends the watch. The poll runs on a timer
+// callback every DisconnectPoll, not on a goroutine per request (see RATIONALE.md "Per-request overhead").
+func watch(conn net.Conn, cancel context.CancelFunc) (stop func()) {
+	if conn == nil {
+		return func() {}
+	}
+	if !canPoll(conn) {
+		return func() {}
+	}
+	return every(DisconnectPoll, func() bool {
+		if closed, _ := peerClosed(conn); closed {
+			cancel()
+			return false
+		}
+		return true
+	})
+}
+
 // every calls f every d on a timer callback (no goroutine in between) until f returns false or stop is
 // called. A call already due when stop is called may still run once; none is scheduled after it.
 func every(d time.Duration, f func() bool) (stop func()) {
