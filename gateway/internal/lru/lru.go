@@ -15,6 +15,12 @@ import "sync"
 // shard's least recently used values are dropped until it is within it; a dropped value is zeroed, so the
 // cache keeps nothing it has dropped alive.
 //
+// A key holds at most MaxPerKey values: storing one more drops the oldest stored under that key first.
+// Keys that hash only part of a text (the model's prefix cache hashes a prefix's last 256 bytes and its
+// length) collide for prompts that differ only before that part; without the bound every request of such
+// a stream would compare its text with all of them (measured: 41% of a gateway's CPU, growing with the
+// cache, see gateway/RATIONALE.md).
+//
 // The shards are chosen by the caller's hash of the key, so concurrent requests rarely wait on one lock.
 // A Cache is safe for concurrent use; match, same and grow functions run under the shard's lock and must
 // not call the Cache.
@@ -22,6 +28,9 @@ type Cache[K comparable, V any] struct {
 	hash   func(K) uint64
 	shards []shard[K, V]
 }
+
+// MaxPerKey is the most values a Cache keeps under one key.
+const MaxPerKey = 8
 
 type shard[K comparable, V any] struct {
 	mu    sync.Mutex
@@ -81,7 +90,8 @@ func (c *Cache[K, V]) Get(k K, match func(*V) bool) (v V, ok bool) {
 
 // Add stores v under k with size bytes, as the most recently used value, unless size is over a shard's
 // limit or a value already stored under k satisfies same (nil same: any value under k, so a key holds at
-// most one value), then drops least recently used values until the shard is within its limit. It reports
+// most one value), dropping the oldest value stored under k first when k holds MaxPerKey, then drops
+// least recently used values until the shard is within its limit. It reports
 // whether v was stored (it may have been dropped again at once only if it alone is over the limit, which
 // the size check excludes).
 func (c *Cache[K, V]) Add(k K, v V, size int, same func(*V) bool) bool {
@@ -96,6 +106,10 @@ func (c *Cache[K, V]) Add(k K, v V, size int, same func(*V) bool) bool {
 		if same == nil || same(&old.value) {
 			return false
 		}
+	}
+	if len(l) >= MaxPerKey {
+		sh.remove(l[0])
+		l = sh.byKey[k]
 	}
 	e := &entry[K, V]{key: k, value: v, size: size}
 	sh.byKey[k] = append(l, e)

@@ -105,6 +105,51 @@ func TestSharedKey(t *testing.T) {
 	}
 }
 
+// TestMaxPerKey: a key keeps at most MaxPerKey values; one more drops the oldest stored under it (not the
+// least recently used of the shard), its bytes are released and the others stay found.
+func TestMaxPerKey(t *testing.T) {
+	c := New[uint64, string](1<<20, 1, nil)
+	hit := func(s string) func(*string) bool { return func(v *string) bool { return *v == s } }
+	c.Add(1, "other", 10, nil)
+	for i := range MaxPerKey + 3 {
+		s := fmt.Sprint("v", i)
+		if !c.Add(7, s, 10, hit(s)) {
+			t.Fatalf("Add %s refused", s)
+		}
+	}
+	if n := len(c.shards[0].byKey[7]); n != MaxPerKey {
+		t.Errorf("key 7 holds %d values, want %d", n, MaxPerKey)
+	}
+	for i := range MaxPerKey + 3 {
+		s := fmt.Sprint("v", i)
+		if _, ok := c.Get(7, hit(s)); ok != (i >= 3) {
+			t.Errorf("Get %s: found %v", s, ok)
+		}
+	}
+	if _, ok := c.Get(1, nil); !ok {
+		t.Error("a value under another key was dropped")
+	}
+	if total, _ := c.Bytes(); total != 10*(MaxPerKey+1) {
+		t.Errorf("Bytes = %d, want %d", total, 10*(MaxPerKey+1))
+	}
+}
+
+// BenchmarkCollidingKey: values added under one key with distinct texts, then a miss looked up, as the
+// prefix cache does for a stream of prompts that differ only before the bytes its key hashes.
+func BenchmarkCollidingKey(b *testing.B) {
+	c := New[uint64, string](1<<30, 1, nil)
+	tail := string(make([]byte, 4096))
+	for i := range 10000 {
+		s := fmt.Sprintf("%06d", i) + tail
+		c.Add(7, s, len(s), func(v *string) bool { return *v == s })
+	}
+	miss := "x00000" + tail
+	b.ResetTimer()
+	for range b.N {
+		c.Get(7, func(v *string) bool { return *v == miss })
+	}
+}
+
 // TestGrow: a value grows in place, its size counts, and going over the limit drops the oldest.
 func TestGrow(t *testing.T) {
 	c := New[string, []int](100, 1, nil)

@@ -52,7 +52,8 @@ func (s *Server) auth(c *fiber.Ctx) error {
 	if s.draining.Load() {
 		c.Context().SetConnectionClose()
 	}
-	if e, gen := s.refusal(&c.Request().Header); e != nil {
+	p := pathOf(&c.Request().Header)
+	if e, gen := s.refusal(&c.Request().Header, p); e != nil {
 		if gen {
 			s.endRefused(c, e.Status) // the body is not read for a refused client
 		}
@@ -62,7 +63,10 @@ func (s *Server) auth(c *fiber.Ctx) error {
 		return sendError(c, e)
 	}
 	raw := string(c.Request().URI().PathOriginal())
-	if norm, ok := NormalizePath(raw); ok && IsAdminPath(norm) && norm != strings.ToLower(strings.TrimRight(raw, "/")) {
+	if raw != p.raw {
+		p.norm, p.ok = NormalizePath(raw)
+	}
+	if norm, ok := p.norm, p.ok; ok && IsAdminPath(norm) && norm != strings.ToLower(strings.TrimRight(raw, "/")) {
 		// Authenticated, but only the canonical spelling is routed.
 		return sendError(c, openai.Errorf(fiber.StatusNotFound, "invalid_request_error", "", "not_found", "Use the canonical path %s.", norm))
 	}

@@ -157,22 +157,48 @@ func partsLen(parts [][]byte) int {
 	return n
 }
 
-// mediaHints are substrings without which a chat body has no media content part (cheap test before a parse).
+// mediaHints are substrings without which a chat body has no media content part (cheap test before a
+// parse). hasMediaHint finds them in two scans; the list is the reference its test checks it against.
 var mediaHints = [][]byte{[]byte(`_url"`), []byte(`input_audio`), []byte(`image_pil`), []byte(`_embeds"`),
 	[]byte(`"input_image"`), []byte(`"image"`), []byte(`"audio"`), []byte(`"video"`)}
+
+// hasMediaHint reports whether body contains any of mediaHints, exactly as a bytes.Contains per hint
+// would, in one vectorized IndexByte pass per anchor byte instead of eight passes over the body (a 10 KB
+// body: ~20 µs before). Every hint holds a '"' (at its start or its end) or, for input_audio and
+// image_pil, a '_' at index 5; each '"' and each '_' is checked against the hints anchored there.
+func hasMediaHint(body []byte) bool {
+	for i := 0; ; {
+		j := bytes.IndexByte(body[i:], '"')
+		if j < 0 {
+			break
+		}
+		q := i + j
+		after, before := body[q:], body[:q+1]
+		if bytes.HasSuffix(before, []byte(`_url"`)) || bytes.HasSuffix(before, []byte(`_embeds"`)) ||
+			bytes.HasPrefix(after, []byte(`"input_image"`)) || bytes.HasPrefix(after, []byte(`"image"`)) ||
+			bytes.HasPrefix(after, []byte(`"audio"`)) || bytes.HasPrefix(after, []byte(`"video"`)) {
+			return true
+		}
+		i = q + 1
+	}
+	for i := 0; ; {
+		j := bytes.IndexByte(body[i:], '_')
+		if j < 0 {
+			return false
+		}
+		u := i + j
+		if u >= 5 && (bytes.HasPrefix(body[u-5:], []byte(`input_audio`)) || bytes.HasPrefix(body[u-5:], []byte(`image_pil`))) {
+			return true
+		}
+		i = u + 1
+	}
+}
 
 // HasMediaParts reports whether a chat body has a message content part that is not text (image, audio,
 // video, embeddings: anything whose tokens the engine's multimodal processor decides). Text, thinking and
 // refusal parts, and tool references, are rendered by the gateway's chat template.
 func HasMediaParts(body []byte) bool {
-	hint := false
-	for _, h := range mediaHints {
-		if bytes.Contains(body, h) {
-			hint = true
-			break
-		}
-	}
-	if !hint {
+	if !hasMediaHint(body) {
 		return false
 	}
 	media := false

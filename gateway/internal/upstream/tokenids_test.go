@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strconv"
@@ -147,6 +148,54 @@ func BenchmarkChatBody(b *testing.B) {
 					b.Fatal("media")
 				}
 				ChatBody(config.ChatTokenIDsKVTransfer, body, ids)
+			}
+		})
+	}
+}
+
+// containsMediaHint is the reference hasMediaHint must equal: a bytes.Contains per hint.
+func containsMediaHint(body []byte) bool {
+	for _, h := range mediaHints {
+		if bytes.Contains(body, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// FuzzMediaHint: the two-scan prefilter answers exactly as one bytes.Contains per hint, on any bytes.
+func FuzzMediaHint(f *testing.F) {
+	for _, h := range mediaHints {
+		f.Add(string(h))
+		f.Add("x" + string(h) + "y")
+		f.Add(string(h[:len(h)-1]))
+		f.Add(string(h[1:]))
+	}
+	for _, s := range []string{``, `"`, `_`, `__`, `""`, `"_url`, `input_`, `_audio`, `{"type":"image"}`,
+		`{"messages":[{"role":"user","content":"look at image_url\" here"}]}`, `imag_pil`, `"image_"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := hasMediaHint([]byte(s)), containsMediaHint([]byte(s)); got != want {
+			t.Fatalf("%q: hasMediaHint %v, bytes.Contains %v", s, got, want)
+		}
+	})
+}
+
+// BenchmarkMediaHint: the media prefilter on a text-only chat body of ~300 B and ~10 KB (a 2k-token
+// prompt), two scans against the bytes.Contains per hint it replaced.
+func BenchmarkMediaHint(b *testing.B) {
+	for _, n := range []int{300, 10000} {
+		txt := strings.Repeat("the quick brown fox jumps over the lazy dog, printing its import path; ", n/70+1)[:n]
+		body := []byte(`{"model":"qwen3","messages":[{"role":"user","content":"` + txt + `"}],"max_tokens":1}`)
+		b.Run(strconv.Itoa(len(body))+"B/two-scans", func(b *testing.B) {
+			for b.Loop() {
+				hasMediaHint(body)
+			}
+		})
+		b.Run(strconv.Itoa(len(body))+"B/contains-per-hint", func(b *testing.B) {
+			for b.Loop() {
+				containsMediaHint(body)
 			}
 		})
 	}
