@@ -768,8 +768,8 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 	if r.o.Index == nil || len(p.Keys) == 0 || p.LoadOnly {
 		return
 	}
-	// Off the request's critical path: the entry only has to beat the engine's own events (tens of ms),
-	// and it must be written even if the request ends first.
+	// On a remote store off the request's critical path: the entry only has to beat the engine's own
+	// events (tens of ms), and it must be written even if the request ends first.
 	model, ep, keys := p.Model.Name, c.ep, p.Keys
 	if cd.Events && cd.GPUBlocks > 0 {
 		// The matched GPU prefix is in the index already, confirmed by the engine's events or speculative
@@ -789,14 +789,28 @@ func (r *Router) Record(ctx context.Context, p *Plan, c *Claim) {
 			return
 		}
 	}
-	go func() {
+	record := func(ctx context.Context) {
 		start := r.o.Now()
+		_ = r.o.Index.Record(ctx, model, ep, keys, r.o.SpeculativeTTL)
+		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
+	}
+	if !r.remote && len(keys) <= inlineRecordMax {
+		// An in-process index records a few blocks in about a microsecond and cannot hang; a goroutine
+		// for it woke a thread per request (10-20 µs of CPU on a 2-core VM: gateway/RATIONALE.md "Where
+		// a short request's CPU goes").
+		record(context.Background())
+		return
+	}
+	go func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = r.o.Index.Record(rctx, model, ep, keys, r.o.SpeculativeTTL)
-		r.stage[metrics.StageRecord].Observe(r.o.Now().Sub(start).Seconds())
+		record(rctx)
 	}()
 }
+
+// inlineRecordMax is the most blocks (4k tokens at 16 per block) an in-process index's speculative Record
+// writes on the request's goroutine; longer ones, and every Record on a remote store, run in their own.
+const inlineRecordMax = 256
 
 // hitKey names one routed prefix on one endpoint (by its last matched block key).
 type hitKey struct {
