@@ -16,8 +16,8 @@ import "sync"
 // cache keeps nothing it has dropped alive.
 //
 // A key holds at most MaxPerKey values: storing one more drops the oldest stored under that key first.
-// Keys that hash only part of a text (the model's prefix cache hashes a prefix's last 256 bytes and its
-// length) collide for prompts that differ only before that part; without the bound every request of such
+// Keys that hash only part of a text (the model's prefix cache hashes a prefix's first and last 256 bytes
+// and its length) collide for prompts that differ only outside those parts; without the bound every request of such
 // a stream would compare its text with all of them (measured: 41% of a gateway's CPU, growing with the
 // cache, see gateway/RATIONALE.md).
 //

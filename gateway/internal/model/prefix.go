@@ -151,16 +151,25 @@ func (c *prefixCache) probeEnds(prompt string, addedEnds func(string, func(int) 
 // tells a conversation's turns apart; the head, prompts of one length that share their ending (a fixed
 // instruction after a variable opening), which with the tail alone shared one key and made every lookup
 // compare against all of them.
-func (c *prefixCache) key(prompt string, n int) uint64 {
+// head is headHash(prompt), computed once for all the probes of one prompt (the head of every prefix of at
+// least keyBytes bytes is the prompt's).
+func (c *prefixCache) key(prompt string, n int, head uint64) uint64 {
+	if n < keyBytes {
+		head = c.headHash(prompt[:n])
+	}
 	tail := maphash.String(c.seed, prompt[n-min(n, keyBytes):n])
-	head := maphash.String(c.seed, prompt[:min(n, keyBytes)])
 	return tail ^ bits.RotateLeft64(head, 29) ^ uint64(n)*0x9E3779B97F4A7C15
+}
+
+// headHash hashes s's first keyBytes bytes (all of s when shorter): the head part of key.
+func (c *prefixCache) headHash(s string) uint64 {
+	return maphash.String(c.seed, s[:min(len(s), keyBytes)])
 }
 
 // lookup returns the cached prefix prompt[:n]: its IDs in arena, or for a branch (nil arena) its IDs as
 // ids then delta; ok is false when it is not cached.
-func (c *prefixCache) lookup(prompt string, n int) (ids, delta []uint32, arena *idArena, ok bool) {
-	e, ok := c.c.Get(c.key(prompt, n), func(e *prefixEntry) bool { return sameText(prompt[:n], e.text) })
+func (c *prefixCache) lookup(prompt string, n int, head uint64) (ids, delta []uint32, arena *idArena, ok bool) {
+	e, ok := c.c.Get(c.key(prompt, n, head), func(e *prefixEntry) bool { return sameText(prompt[:n], e.text) })
 	return e.ids, e.delta, e.arena, ok
 }
 
@@ -180,7 +189,7 @@ func (c *prefixCache) putBranch(prompt string, n int, base, delta []uint32, reta
 // array, but each counts it whole (retained, plus 128 bytes): conservative, and it covers the older arrays
 // a growth leaves behind for the older entries.
 func (c *prefixCache) insert(e prefixEntry, retained int) {
-	c.c.Add(c.key(e.text, len(e.text)), e, retained+128, func(old *prefixEntry) bool { return sameText(old.text, e.text) })
+	c.c.Add(c.key(e.text, len(e.text), c.headHash(e.text)), e, retained+128, func(old *prefixEntry) bool { return sameText(old.text, e.text) })
 }
 
 // sameText is a == b comparing the last 256 bytes first: prefixes of one conversation's branches share all
@@ -208,8 +217,9 @@ type cachedPrefix struct {
 func (c *prefixCache) longest(prompt string, ends iter.Seq[int]) (string, cachedPrefix) {
 	var hit cachedPrefix
 	if ends != nil {
+		head := c.headHash(prompt)
 		for p := range ends {
-			ids, delta, arena, ok := c.lookup(prompt, p)
+			ids, delta, arena, ok := c.lookup(prompt, p, head)
 			if !ok {
 				continue
 			}

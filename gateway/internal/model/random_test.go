@@ -312,17 +312,17 @@ func TestPrefixKeyHeadAndTail(t *testing.T) {
 	seen := map[uint64]string{}
 	for i := range 1000 {
 		p := fmt.Sprintf("Question %04d: ", i) + tail
-		k := c.key(p, len(p))
+		k := c.key(p, len(p), c.headHash(p))
 		if q, dup := seen[k]; dup {
 			t.Fatalf("%q and %q share key %x", q[:14], p[:14], k)
 		}
 		seen[k] = p
 	}
 	a, b := strings.Repeat("y", 300)+"turn one", strings.Repeat("y", 300)+"turn two"
-	if c.key(a, len(a)) == c.key(b, len(b)) {
+	if c.key(a, len(a), c.headHash(a)) == c.key(b, len(b), c.headHash(b)) {
 		t.Fatal("turns with other endings share a key")
 	}
-	if c.key(a, 300) != c.key(b, 300) {
+	if c.key(a, 300, c.headHash(a)) != c.key(b, 300, c.headHash(b)) || c.key(a, 300, c.headHash(a)) != c.key(a[:300], 300, c.headHash(a[:300])) {
 		t.Fatal("one prefix, two keys")
 	}
 }
